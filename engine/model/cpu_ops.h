@@ -1,0 +1,65 @@
+// Small element-wise operators of the llama forward pass (norms, RoPE, softmax, gated
+// activations). Plain loops the compiler vectorizes; the heavy products live in ops/matmul.h.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "engine/model/hparams.h"
+
+namespace thermocline {
+
+// out = x / rms(x) * weight. x, out, weight: (n)
+inline void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(sum / n + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+// In-place softmax of x: (n).
+inline void Softmax(float* x, int64_t n) {
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+// RoPE as llama.cpp applies it for `llama` (adjacent pairs): for each head of x,
+// (x[2i], x[2i+1]) rotated by cos_sin[i] = (cos θ_i, sin θ_i), for i < rope_dim / 2.
+inline void ApplyRope(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
+                      const float* cos_sin) {
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int64_t i = 0; i < rope_dim / 2; ++i) {
+      const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+      const float x0 = v[2 * i], x1 = v[2 * i + 1];
+      v[2 * i] = x0 * c - x1 * s;
+      v[2 * i + 1] = x0 * s + x1 * c;
+    }
+  }
+}
+
+// gate := act(gate) * up (or relu(up) for dReLU), n elements.
+inline void GatedActivation(FfnActivation act, float* gate, const float* up, int64_t n) {
+  switch (act) {
+    case FfnActivation::kSilu:
+      for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+      break;
+    case FfnActivation::kRelu:
+      for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] > 0.0f ? gate[i] * up[i] : 0.0f;
+      break;
+    case FfnActivation::kDRelu:
+      for (int64_t i = 0; i < n; ++i) {
+        gate[i] = (gate[i] > 0.0f && up[i] > 0.0f) ? gate[i] * up[i] : 0.0f;
+      }
+      break;
+  }
+}
+
+}  // namespace thermocline

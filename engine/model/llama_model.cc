@@ -1,0 +1,144 @@
+#include "engine/model/llama_model.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/ops/kernels.h"
+
+namespace thermocline {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& dims) {
+  return absl::StrCat("{", absl::StrJoin(dims, ", "), "}");
+}
+
+// A 2-D weight matrix with GGUF dims {cols, rows} in a type we can compute with.
+absl::StatusOr<WeightView> Matrix(const GgufFile& file, const std::string& name, int64_t rows,
+                                  int64_t cols) {
+  const GgufTensorInfo* t = file.FindTensor(name);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is missing"));
+  if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape ",
+                                                   ShapeString(t->dims), ", expected {", cols,
+                                                   ", ", rows, "}"));
+  }
+  if (KernelsFor(t->type) == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("tensor ", name, " has type ", TypeName(t->type),
+                                                 ", which Thermocline cannot compute yet (f32, "
+                                                 "f16, bf16, q8_0, q4_0 are supported)"));
+  }
+  WeightView w;
+  w.type = t->type;
+  w.rows = rows;
+  w.cols = cols;
+  w.data = t->data;
+  w.row_bytes = RowBytes(t->type, cols);
+  return w;
+}
+
+// A 1-D vector (norm weights), converted to float.
+absl::StatusOr<std::vector<float>> Vector(const GgufFile& file, const std::string& name,
+                                          int64_t n) {
+  const GgufTensorInfo* t = file.FindTensor(name);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is missing"));
+  if (t->dims.size() != 1 || t->dims[0] != n) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape ",
+                                                   ShapeString(t->dims), ", expected {", n, "}"));
+  }
+  const TypeKernels* k = KernelsFor(t->type);
+  if (k == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("tensor ", name, " has unsupported type ", TypeName(t->type)));
+  }
+  std::vector<float> out(n);
+  k->to_float(t->data, out.data(), n);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
+                                                             const ModelOptions& options) {
+  auto file = GgufFile::Open(path);
+  if (!file.ok()) return file.status();
+  return FromGguf(std::move(*file), options);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> file,
+                                                                 const ModelOptions& options) {
+  std::unique_ptr<LlamaModel> model(new LlamaModel());
+  model->file_ = std::move(file);
+  auto hp = LlamaHparams::FromGguf(*model->file_, options.activation);
+  if (!hp.ok()) return hp.status();
+  model->hparams_ = *hp;
+  auto tok = Tokenizer::FromGguf(*model->file_);
+  if (!tok.ok()) return tok.status();
+  model->tokenizer_ = std::move(*tok);
+  if (model->tokenizer_->vocab_size() != model->hparams_.n_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer has ", model->tokenizer_->vocab_size(), " tokens but token_embd.weight has ",
+        model->hparams_.n_vocab, " rows"));
+  }
+  if (absl::Status s = model->Bind(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(model->file_->path(), ": ", s.message()));
+  }
+  return model;
+}
+
+absl::Status LlamaModel::Bind() {
+  const GgufFile& f = *file_;
+  const LlamaHparams& h = hparams_;
+  auto embd = Matrix(f, "token_embd.weight", h.n_vocab, h.n_embd);
+  if (!embd.ok()) return embd.status();
+  token_embd_ = *embd;
+  if (f.FindTensor("output.weight") != nullptr) {
+    auto out = Matrix(f, "output.weight", h.n_vocab, h.n_embd);
+    if (!out.ok()) return out.status();
+    output_ = *out;
+  } else {
+    output_ = token_embd_;  // tied
+  }
+  auto onorm = Vector(f, "output_norm.weight", h.n_embd);
+  if (!onorm.ok()) return onorm.status();
+  output_norm_ = std::move(*onorm);
+  weight_bytes_ = output_.row_bytes * output_.rows;
+
+  layers_.resize(h.n_layer);
+  for (int64_t i = 0; i < h.n_layer; ++i) {
+    const std::string b = absl::StrCat("blk.", i, ".");
+    LayerWeights& L = layers_[i];
+    struct MatrixSpec {
+      WeightView* dst;
+      const char* name;
+      int64_t rows, cols;
+    };
+    const MatrixSpec specs[] = {
+        {&L.wq, "attn_q.weight", h.q_dim(), h.n_embd},
+        {&L.wk, "attn_k.weight", h.kv_dim(), h.n_embd},
+        {&L.wv, "attn_v.weight", h.kv_dim(), h.n_embd},
+        {&L.wo, "attn_output.weight", h.n_embd, h.q_dim()},
+        {&L.ffn_gate, "ffn_gate.weight", h.n_ff, h.n_embd},
+        {&L.ffn_up, "ffn_up.weight", h.n_ff, h.n_embd},
+        {&L.ffn_down, "ffn_down.weight", h.n_embd, h.n_ff},
+    };
+    for (const MatrixSpec& spec : specs) {
+      auto m = Matrix(f, b + spec.name, spec.rows, spec.cols);
+      if (!m.ok()) return m.status();
+      *spec.dst = *m;
+      weight_bytes_ += m->row_bytes * m->rows;
+    }
+    auto an = Vector(f, b + "attn_norm.weight", h.n_embd);
+    if (!an.ok()) return an.status();
+    L.attn_norm = std::move(*an);
+    auto fn = Vector(f, b + "ffn_norm.weight", h.n_embd);
+    if (!fn.ok()) return fn.status();
+    L.ffn_norm = std::move(*fn);
+  }
+  return absl::OkStatus();
+}
+
+void LlamaModel::Embed(int32_t token, float* out) const {
+  KernelsFor(token_embd_.type)->to_float(token_embd_.row(token), out, hparams_.n_embd);
+}
+
+}  // namespace thermocline

@@ -1,0 +1,171 @@
+#include "engine/model/session.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/model/cpu_ops.h"
+
+namespace thermocline {
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model,
+                                                         ThreadPool* pool,
+                                                         const SessionOptions& options) {
+  const LlamaHparams& h = model.hparams();
+  const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : h.n_ctx_train;
+  if (n_ctx > (int64_t{1} << 22)) {
+    return absl::InvalidArgumentError(absl::StrCat("context length ", n_ctx, " is too large"));
+  }
+  if (options.max_batch < 1 || options.max_batch > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch ", options.max_batch, " must be in [1, 4096]"));
+  }
+  const uint64_t kv_bytes = 2ull * h.n_layer * n_ctx * h.kv_dim() * sizeof(float);
+  if (kv_bytes > (uint64_t{1} << 38)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a KV cache of ", n_ctx, " positions needs ", kv_bytes >> 20, " MiB; use a shorter context"));
+  }
+  return std::unique_ptr<Session>(
+      new Session(model, pool, n_ctx, std::min(options.max_batch, n_ctx)));
+}
+
+Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch)
+    : model_(model), pool_(pool), n_ctx_(n_ctx), max_batch_(max_batch) {
+  const LlamaHparams& h = model.hparams();
+  k_cache_.assign(h.n_layer * n_ctx * h.kv_dim(), 0.0f);
+  v_cache_.assign(h.n_layer * n_ctx * h.kv_dim(), 0.0f);
+  inv_freq_.resize(h.rope_dim / 2);
+  for (int64_t i = 0; i < h.rope_dim / 2; ++i) {
+    inv_freq_[i] = static_cast<float>(
+        std::pow(static_cast<double>(h.rope_freq_base), -2.0 * i / static_cast<double>(h.rope_dim)));
+  }
+  rope_.resize(max_batch * h.rope_dim);
+  x_.resize(max_batch * h.n_embd);
+  xb_.resize(max_batch * h.n_embd);
+  q_.resize(max_batch * h.q_dim());
+  k_.resize(max_batch * h.kv_dim());
+  v_.resize(max_batch * h.kv_dim());
+  att_out_.resize(max_batch * h.q_dim());
+  scores_.resize(static_cast<size_t>(pool->size()) * n_ctx);
+  gate_.resize(max_batch * h.n_ff);
+  up_.resize(max_batch * h.n_ff);
+  logits_.resize(h.n_vocab);
+  scratch_.Reserve(max_batch, std::max({h.n_embd, h.n_ff, h.q_dim()}));
+}
+
+absl::Status Session::Eval(absl::Span<const int32_t> tokens, float* all_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return absl::OkStatus();
+  if (n_past_ + n > n_ctx_) {
+    return absl::OutOfRangeError(absl::StrCat("context is full: ", n_past_, " + ", n,
+                                              " tokens exceed the context length ", n_ctx_));
+  }
+  const int64_t n_vocab = model_.hparams().n_vocab;
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= n_vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", n_vocab, ")"));
+    }
+  }
+  for (int64_t i = 0; i < n; i += max_batch_) {
+    const int64_t chunk = std::min(max_batch_, n - i);
+    Forward(tokens.data() + i, chunk, all_logits ? all_logits + i * n_vocab : nullptr);
+  }
+  return absl::OkStatus();
+}
+
+void Session::Forward(const int32_t* tokens, int64_t n, float* all_logits) {
+  const LlamaHparams& h = model_.hparams();
+  const int64_t d = h.n_embd;
+  for (int64_t t = 0; t < n; ++t) {
+    model_.Embed(tokens[t], x_.data() + t * d);
+    // RoPE angles for this position, shared by every head and layer.
+    const double pos = static_cast<double>(n_past_ + t) * h.rope_freq_scale;
+    float* cs = rope_.data() + t * h.rope_dim;
+    for (int64_t i = 0; i < h.rope_dim / 2; ++i) {
+      const double theta = pos * inv_freq_[i];
+      cs[2 * i] = static_cast<float>(std::cos(theta));
+      cs[2 * i + 1] = static_cast<float>(std::sin(theta));
+    }
+  }
+
+  for (int64_t l = 0; l < h.n_layer; ++l) {
+    const LayerWeights& L = model_.layers()[l];
+    for (int64_t t = 0; t < n; ++t) {
+      RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
+    }
+    MatMul(*pool_, L.wq, xb_.data(), n, q_.data(), scratch_);
+    MatMul(*pool_, L.wk, xb_.data(), n, k_.data(), scratch_);
+    MatMul(*pool_, L.wv, xb_.data(), n, v_.data(), scratch_);
+    Attention(static_cast<int>(l), n);
+    MatMul(*pool_, L.wo, att_out_.data(), n, xb_.data(), scratch_);
+    for (int64_t i = 0; i < n * d; ++i) x_[i] += xb_[i];
+
+    for (int64_t t = 0; t < n; ++t) {
+      RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
+    }
+    MatMul(*pool_, L.ffn_gate, xb_.data(), n, gate_.data(), scratch_);
+    MatMul(*pool_, L.ffn_up, xb_.data(), n, up_.data(), scratch_);
+    GatedActivation(h.activation, gate_.data(), up_.data(), n * h.n_ff);
+    if (observer_ != nullptr) {
+      observer_->OnFfn(static_cast<int>(l), x_.data(), d, gate_.data(), h.n_ff, n);
+    }
+    MatMul(*pool_, L.ffn_down, gate_.data(), n, xb_.data(), scratch_);
+    for (int64_t i = 0; i < n * d; ++i) x_[i] += xb_[i];
+  }
+
+  // Output head: every row when the caller wants all logits, else only the last token's.
+  const int64_t first = all_logits ? 0 : n - 1;
+  for (int64_t t = first; t < n; ++t) {
+    RmsNorm(x_.data() + t * d, model_.output_norm().data(), d, h.rms_eps, xb_.data() + t * d);
+  }
+  if (all_logits != nullptr) {
+    MatMul(*pool_, model_.output(), xb_.data(), n, all_logits, scratch_);
+    std::copy(all_logits + (n - 1) * h.n_vocab, all_logits + n * h.n_vocab, logits_.begin());
+  } else {
+    MatMul(*pool_, model_.output(), xb_.data() + (n - 1) * d, 1, logits_.data(), scratch_);
+  }
+  n_past_ += n;
+}
+
+void Session::Attention(int layer, int64_t n) {
+  const LlamaHparams& h = model_.hparams();
+  const int64_t kv_dim = h.kv_dim(), head_dim = h.head_dim;
+  float* k_cache = k_cache_.data() + layer * n_ctx_ * kv_dim;
+  float* v_cache = v_cache_.data() + layer * n_ctx_ * kv_dim;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* cs = rope_.data() + t * h.rope_dim;
+    ApplyRope(q_.data() + t * h.q_dim(), h.n_head, head_dim, h.rope_dim, cs);
+    ApplyRope(k_.data() + t * kv_dim, h.n_head_kv, head_dim, h.rope_dim, cs);
+    std::copy_n(k_.data() + t * kv_dim, kv_dim, k_cache + (n_past_ + t) * kv_dim);
+    std::copy_n(v_.data() + t * kv_dim, kv_dim, v_cache + (n_past_ + t) * kv_dim);
+  }
+  const int64_t group = h.n_head / h.n_head_kv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  pool_->ParallelFor(n * h.n_head, 1, [&](int thread, int64_t begin, int64_t end) {
+    float* scores = scores_.data() + thread * n_ctx_;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / h.n_head, head = item % h.n_head;
+      const int64_t kv_off = (head / group) * head_dim;
+      const int64_t n_kv = n_past_ + t + 1;  // causal: positions 0 .. n_past + t
+      const float* q = q_.data() + t * h.q_dim() + head * head_dim;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        const float* k = k_cache + j * kv_dim + kv_off;
+        float dot = 0.0f;
+        for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * k[i];
+        scores[j] = dot * scale;
+      }
+      Softmax(scores, n_kv);
+      float* out = att_out_.data() + t * h.q_dim() + head * head_dim;
+      std::fill_n(out, head_dim, 0.0f);
+      for (int64_t j = 0; j < n_kv; ++j) {
+        const float* v = v_cache + j * kv_dim + kv_off;
+        const float p = scores[j];
+        for (int64_t i = 0; i < head_dim; ++i) out[i] += p * v[i];
+      }
+    }
+  });
+}
+
+}  // namespace thermocline

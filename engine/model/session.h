@@ -1,0 +1,84 @@
+// A Session is one sequence being decoded: its KV cache and the scratch buffers of the forward
+// pass, all allocated once at creation so that evaluating a token never allocates. It shares
+// the model's weights (read-only) and uses the caller's thread pool. Not thread-safe: one
+// decode loop owns a session.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/model/llama_model.h"
+#include "engine/ops/matmul.h"
+#include "engine/util/thread_pool.h"
+
+namespace thermocline {
+
+// Sees the FFN of every layer during a forward pass (the profiler's hook). Called on the
+// evaluating thread; `x` is the FFN input before ffn_norm, `act` the gated activation
+// (n_tokens rows each).
+class FfnObserver {
+ public:
+  virtual ~FfnObserver() = default;
+  virtual void OnFfn(int layer, const float* x, int64_t n_embd, const float* act, int64_t n_ff,
+                     int64_t n_tokens) = 0;
+};
+
+struct SessionOptions {
+  int64_t n_ctx = 0;        // KV cache length; 0: the model's training context
+  int64_t max_batch = 64;   // tokens evaluated per forward pass during prefill
+};
+
+class Session {
+ public:
+  static absl::StatusOr<std::unique_ptr<Session>> Create(const LlamaModel& model,
+                                                         ThreadPool* pool,
+                                                         const SessionOptions& options = {});
+
+  // Evaluates tokens at positions n_past() .. n_past() + size - 1, in chunks of max_batch.
+  // logits() then holds the last token's logits. When all_logits is given it receives
+  // tokens.size() rows of n_vocab logits, one per token.
+  absl::Status Eval(absl::Span<const int32_t> tokens, float* all_logits = nullptr);
+
+  const float* logits() const { return logits_.data(); }
+  float* mutable_logits() { return logits_.data(); }
+  int64_t n_past() const { return n_past_; }
+  int64_t n_ctx() const { return n_ctx_; }
+  const LlamaModel& model() const { return model_; }
+  // Forgets the sequence (positions >= n) so decoding continues from position n.
+  void Truncate(int64_t n) { n_past_ = n < n_past_ ? n : n_past_; }
+  void Reset() { n_past_ = 0; }
+  void set_ffn_observer(FfnObserver* observer) { observer_ = observer; }
+
+ private:
+  Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch);
+  void Forward(const int32_t* tokens, int64_t n, float* all_logits);
+  void Attention(int layer, int64_t n);
+
+  const LlamaModel& model_;
+  ThreadPool* pool_;
+  const int64_t n_ctx_;
+  const int64_t max_batch_;
+  int64_t n_past_ = 0;
+  FfnObserver* observer_ = nullptr;
+
+  std::vector<float> k_cache_;  // (n_layer, n_ctx, kv_dim)
+  std::vector<float> v_cache_;  // (n_layer, n_ctx, kv_dim)
+  std::vector<float> inv_freq_; // (rope_dim / 2)
+  std::vector<float> rope_;     // (max_batch, rope_dim): cos, sin pairs per token
+  std::vector<float> x_;        // (max_batch, n_embd) residual stream
+  std::vector<float> xb_;       // (max_batch, n_embd)
+  std::vector<float> q_;        // (max_batch, q_dim)
+  std::vector<float> k_;        // (max_batch, kv_dim)
+  std::vector<float> v_;        // (max_batch, kv_dim)
+  std::vector<float> att_out_;  // (max_batch, q_dim)
+  std::vector<float> scores_;   // (threads, n_ctx)
+  std::vector<float> gate_;     // (max_batch, n_ff)
+  std::vector<float> up_;       // (max_batch, n_ff)
+  std::vector<float> logits_;   // (n_vocab)
+  MatMulScratch scratch_;
+};
+
+}  // namespace thermocline

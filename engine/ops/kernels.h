@@ -1,0 +1,54 @@
+// Per-type compute kernels (dequantize, quantize, dot with activations), each with a scalar
+// reference that is always compiled and SIMD versions chosen once at start-up for the best ISA
+// the CPU has. One table feeds both the dispatch and the parity tests.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/ops/ggml_types.h"
+
+namespace thermocline {
+
+// kAvx512Vnni: the AVX-512 kernels with VNNI int8 dot products (vpdpbusd).
+enum class Isa { kScalar, kAvx2, kAvx512, kAvx512Vnni };
+const char* IsaName(Isa isa);
+
+// The ISAs this CPU can run, scalar first; the last is the best. THERMOCLINE_ISA=<name> (as
+// IsaName prints it) caps the list at that ISA, for benchmarks and bisecting.
+const std::vector<Isa>& AvailableIsas();
+Isa BestIsa();
+
+struct TypeKernels {
+  // The format activations are converted to before vec_dot: F32 for float weights, Q8_0 for
+  // quantized weights (int8 dot products, as llama.cpp does).
+  GgmlType vec_dot_type;
+  // dst[0..n) = dequantized src. n a multiple of the block size.
+  void (*to_float)(const void* src, float* dst, int64_t n);
+  // Quantizes/rounds n floats into this type (round-to-nearest as ggml's reference does).
+  void (*from_float)(const float* src, void* dst, int64_t n);
+  // Dot product of a weight row w (this type) with x (vec_dot_type), n elements.
+  float (*vec_dot)(int64_t n, const void* w, const void* x);
+  // The same weight row against k activation rows at once (x rows x_stride bytes apart):
+  // out[j] = dot(w, x + j * x_stride). Reuses the unpacked weights across the k rows; k <= 8.
+  void (*vec_dot_multi)(int64_t n, const void* w, const void* x, int64_t x_stride, int k,
+                        float* out);
+};
+
+// The kernels of `type` for the best ISA; nullptr when the type is not computable.
+const TypeKernels* KernelsFor(GgmlType type);
+// The kernels of `type` for a given ISA (for the parity harness); nullptr when unavailable.
+const TypeKernels* KernelsFor(GgmlType type, Isa isa);
+
+// Half and bfloat16 conversion, scalar.
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+inline float Bf16ToFloat(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+uint16_t FloatToBf16(float f);  // round to nearest even, NaN kept quiet
+
+}  // namespace thermocline

@@ -1,0 +1,234 @@
+// The scalar reference kernels: plain C++, always compiled, the ground truth the SIMD kernels
+// are tested against (tests/unit/kernels_test.cc). Quantizers follow ggml's *_ref functions
+// bit for bit; dot products accumulate in double (as ggml's scalar f16 dot does), which makes
+// them a near-exact yardstick. Keep this file simple enough to trust at a glance; speed lives in
+// kernels_simd.inc.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/ops/kernels.h"
+#include "engine/ops/kernels_internal.h"
+
+namespace thermocline {
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1F;
+  uint32_t mantissa = h & 0x3FF;
+  uint32_t bits;
+  if (exponent == 0x1F) {  // inf / NaN: quieted, payload kept (as vcvtph2ps does)
+    if (mantissa != 0) mantissa |= 0x200;
+    bits = sign | 0x7F800000 | (mantissa << 13);
+  } else if (exponent != 0) {  // normal
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {  // zero
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = 113;
+    while ((mantissa & 0x400) == 0) {
+      mantissa <<= 1;
+      --e;
+    }
+    bits = sign | (static_cast<uint32_t>(e) << 23) | ((mantissa & 0x3FF) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round to nearest even, like the F16C instruction vcvtps2ph: overflow to inf, subnormals
+// rounded, NaN quieted with its payload's top bits kept.
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  x &= 0x7FFFFFFF;
+  if (x >= 0x7F800000) {  // inf / NaN
+    if (x == 0x7F800000) return sign | 0x7C00;
+    return static_cast<uint16_t>(sign | 0x7E00 | ((x >> 13) & 0x3FF));
+  }
+  if (x >= 0x477FF000) return sign | 0x7C00;  // >= 65520 rounds to inf
+  if (x < 0x38800000) {                       // below 2^-14: a half subnormal (or zero)
+    if (x <= 0x33000000) return sign;         // <= 2^-25 rounds to zero
+    const uint32_t mantissa = (x & 0x7FFFFF) | 0x800000;
+    const int shift = 126 - static_cast<int>(x >> 23);  // 14 .. 24
+    uint32_t q = mantissa >> shift;
+    const uint32_t rem = mantissa & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t h = (x >> 13) - (112u << 10);  // rebias the exponent
+  const uint32_t rem = x & 0x1FFF;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;  // a carry into the exponent is right
+  return static_cast<uint16_t>(sign | h);
+}
+
+// ggml_compute_fp32_to_bf16.
+uint16_t FloatToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((u >> 16) | 64);  // quiet NaN
+  return static_cast<uint16_t>((u + (0x7FFF + ((u >> 16) & 1))) >> 16);
+}
+
+namespace ops_internal {
+
+// ggml's quantize_row_q4_0_ref.
+void QuantizeQ4_0Reference(const float* src, void* dst, int64_t n) {
+  BlockQ4_0* y = static_cast<BlockQ4_0*>(dst);
+  for (int64_t i = 0; i < n / kQK4_0; ++i) {
+    const float* x = src + i * kQK4_0;
+    float amax = 0.0f;
+    float max = 0.0f;  // the signed value of the element of largest magnitude
+    for (int j = 0; j < kQK4_0; ++j) {
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    const float d = max / -8;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = FloatToHalf(d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f)));
+      const int q1 =
+          std::min(15, static_cast<int>(static_cast<int8_t>(x[j + kQK4_0 / 2] * id + 8.5f)));
+      y[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+namespace {
+
+// ---- F32, F16, BF16: x is F32 -------------------------------------------------------------
+
+float LoadF32(const void* p, int64_t i) { return static_cast<const float*>(p)[i]; }
+float LoadF16(const void* p, int64_t i) { return HalfToFloat(static_cast<const uint16_t*>(p)[i]); }
+float LoadBf16(const void* p, int64_t i) { return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]); }
+
+template <float (*kLoad)(const void*, int64_t)>
+void FloatToF32(const void* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = kLoad(src, i);
+}
+
+void F32FromFloat(const float* src, void* dst, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+void F16FromFloat(const float* src, void* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToHalf(src[i]);
+}
+void Bf16FromFloat(const float* src, void* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToBf16(src[i]);
+}
+
+template <float (*kLoad)(const void*, int64_t)>
+float FloatVecDot(int64_t n, const void* w, const void* x) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += double{kLoad(w, i)} * static_cast<const float*>(x)[i];
+  return static_cast<float>(sum);
+}
+
+// ---- Q8_0 and Q4_0: x is Q8_0 -------------------------------------------------------------
+
+void Q8_0ToFloat(const void* src, float* dst, int64_t n) {
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(src);
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    const float d = HalfToFloat(b[i].d);
+    for (int j = 0; j < kQK8_0; ++j) dst[i * kQK8_0 + j] = b[i].qs[j] * d;
+  }
+}
+
+void Q4_0ToFloat(const void* src, float* dst, int64_t n) {
+  const BlockQ4_0* b = static_cast<const BlockQ4_0*>(src);
+  for (int64_t i = 0; i < n / kQK4_0; ++i) {
+    const float d = HalfToFloat(b[i].d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      dst[i * kQK4_0 + j] = ((b[i].qs[j] & 0xF) - 8) * d;
+      dst[i * kQK4_0 + j + kQK4_0 / 2] = ((b[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+// ggml's quantize_row_q8_0_ref.
+void Q8_0FromFloat(const float* src, void* dst, int64_t n) {
+  BlockQ8_0* y = static_cast<BlockQ8_0*>(dst);
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    const float* x = src + i * kQK8_0;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = FloatToHalf(d);
+    for (int j = 0; j < kQK8_0; ++j) y[i].qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+  }
+}
+
+// Weight element j of block b as an integer.
+int Q8_0Weight(const void* w, int64_t b, int j) {
+  return static_cast<const BlockQ8_0*>(w)[b].qs[j];
+}
+int Q4_0Weight(const void* w, int64_t b, int j) {
+  const uint8_t q = static_cast<const BlockQ4_0*>(w)[b].qs[j % 16];
+  return (j < 16 ? q & 0xF : q >> 4) - 8;
+}
+template <class Block>
+float WeightScale(const void* w, int64_t b) {
+  return HalfToFloat(static_cast<const Block*>(w)[b].d);
+}
+
+// As ggml: an exact integer dot per block, scaled by d_w * d_x.
+template <int (*kWeight)(const void*, int64_t, int), class Block>
+float QuantVecDot(int64_t n, const void* w, const void* x) {
+  const BlockQ8_0* xb = static_cast<const BlockQ8_0*>(x);
+  double sum = 0.0;
+  for (int64_t b = 0; b < n / kQK8_0; ++b) {
+    int dot = 0;
+    for (int j = 0; j < kQK8_0; ++j) dot += kWeight(w, b, j) * xb[b].qs[j];
+    sum += double{WeightScale<Block>(w, b)} * HalfToFloat(xb[b].d) * dot;
+  }
+  return static_cast<float>(sum);
+}
+
+// vec_dot_multi as k separate dots: the reference semantics.
+template <float (*kDot)(int64_t, const void*, const void*)>
+void VecDotMulti(int64_t n, const void* w, const void* x, int64_t x_stride, int k, float* out) {
+  for (int j = 0; j < k; ++j) out[j] = kDot(n, w, static_cast<const uint8_t*>(x) + j * x_stride);
+}
+
+template <float (*kLoad)(const void*, int64_t)>
+TypeKernels FloatKernels(void (*from_float)(const float*, void*, int64_t)) {
+  return {GgmlType::kF32, FloatToF32<kLoad>, from_float, FloatVecDot<kLoad>,
+          VecDotMulti<FloatVecDot<kLoad>>};
+}
+
+template <int (*kWeight)(const void*, int64_t, int), class Block>
+TypeKernels QuantKernels(void (*to_float)(const void*, float*, int64_t),
+                         void (*from_float)(const float*, void*, int64_t)) {
+  return {GgmlType::kQ8_0, to_float, from_float, QuantVecDot<kWeight, Block>,
+          VecDotMulti<QuantVecDot<kWeight, Block>>};
+}
+
+}  // namespace
+
+const IsaKernels& ScalarKernels() {
+  static const IsaKernels kernels = {
+      FloatKernels<LoadF32>(F32FromFloat),
+      FloatKernels<LoadF16>(F16FromFloat),
+      FloatKernels<LoadBf16>(Bf16FromFloat),
+      QuantKernels<Q8_0Weight, BlockQ8_0>(Q8_0ToFloat, Q8_0FromFloat),
+      QuantKernels<Q4_0Weight, BlockQ4_0>(Q4_0ToFloat, QuantizeQ4_0Reference),
+      {0, nullptr, nullptr},
+      {0, nullptr, nullptr},
+      {0, 0, 0, nullptr, nullptr},
+      {0, 0, 0, nullptr, nullptr},
+      {0, 0, 0, nullptr, nullptr},
+      {0, 0, 0, nullptr, nullptr},
+      {0, 0, 0, nullptr, nullptr},
+  };
+  return kernels;
+}
+
+}  // namespace ops_internal
+}  // namespace thermocline

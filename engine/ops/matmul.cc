@@ -1,0 +1,187 @@
+// MatMul: activations are converted once into the scratch buffer (tile rows or panels for
+// quantized weights, Q8_0 rows for the scalar kernels, nothing for F32 activations), then the
+// weight rows are split among the pool's threads. Prefill runs the gemm kernels (GemmKernels:
+// groups of 16 or 32 rows repacked once per call, all tokens over them).
+// Otherwise each thread walks its rows in blocks small enough to stay in L2 and runs every group
+// of up to 8 tokens over a block, so a weight row is read from memory once per call and unpacked
+// once per token group (vec_dot_multi / QuantDot::dot).
+#include "engine/ops/matmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "engine/ops/kernels_internal.h"
+
+namespace thermocline {
+namespace {
+
+using ops_internal::GemmKernels;
+using ops_internal::PanelRowBytes;
+using ops_internal::QuantDot;
+using ops_internal::TileRowBytes;
+
+constexpr int64_t kRowBlock = 32;  // rows per chunk of work: in cache while token groups pass
+constexpr int64_t kMaxGroup = 8;   // vec_dot_multi's limit
+constexpr int64_t kParallelConvertElements = 1 << 15;  // below this, convert on one thread
+
+uint8_t* Align64(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+}
+
+[[noreturn]] void Fatal(const char* what, const WeightView& w) {
+  std::fprintf(stderr, "thermocline MatMul: %s (weights %s, %lld x %lld)\n", what,
+               std::string(TypeName(w.type)).c_str(), static_cast<long long>(w.rows),
+               static_cast<long long>(w.cols));
+  std::abort();
+}
+
+// Calls fn(begin, end) on chunks of [0, n) of `chunk` items (one call for all of it on a single
+// thread), handed out to the threads as they come for more (an atomic counter): a thread that is
+// descheduled or slower holds up nobody, where with a static split the call would take as long
+// as its slowest part.
+template <class Fn>
+void ParallelChunks(ThreadPool& pool, int64_t n, int64_t chunk, const Fn& fn) {
+  const int64_t n_chunks = (n + chunk - 1) / chunk;
+  if (pool.size() == 1 || n_chunks == 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  pool.Run([&](int) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      fn(c * chunk, std::min(n, (c + 1) * chunk));
+    }
+  });
+}
+
+// Runs fn(t) for every token, on all threads when there is enough work.
+template <class Fn>
+void ForEachToken(ThreadPool& pool, int64_t n_tokens, int64_t cols, const Fn& fn) {
+  const int64_t chunk = n_tokens * cols < kParallelConvertElements ? n_tokens : 1;
+  ParallelChunks(pool, n_tokens, chunk, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) fn(t);
+  });
+}
+
+// y[t, r] = dot(r, t0, k, out) over rows x token groups; dot fills out[0..k) for tokens
+// t0 .. t0 + k of row r. Token groups are balanced (17 tokens: 6 + 6 + 5, not 8 + 8 + 1).
+template <class Dot>
+void RunTiles(ThreadPool& pool, int64_t rows, int64_t n_tokens, float* y, const Dot& dot) {
+  const int64_t n_groups = (n_tokens + kMaxGroup - 1) / kMaxGroup;
+  ParallelChunks(pool, rows, kRowBlock, [&](int64_t r0, int64_t r1) {
+    for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
+      const int64_t re = std::min(r1, rb + kRowBlock);
+      for (int64_t g = 0; g < n_groups; ++g) {
+        const int64_t t0 = n_tokens * g / n_groups;
+        const int k = static_cast<int>(n_tokens * (g + 1) / n_groups - t0);
+        for (int64_t r = rb; r < re; ++r) {
+          float out[kMaxGroup];
+          dot(r, t0, k, out);
+          for (int j = 0; j < k; ++j) y[(t0 + j) * rows + r] = out[j];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void MatMulScratch::Reserve(int64_t max_tokens, int64_t max_cols) {
+  const int64_t cols = (max_cols + 63) / 64 * 64;
+  const size_t per_token =
+      std::max({static_cast<size_t>(cols) * sizeof(float), static_cast<size_t>(PanelRowBytes(cols)),
+                static_cast<size_t>(TileRowBytes(cols)), RowBytes(GgmlType::kQ8_0, cols)});
+  const size_t bytes = static_cast<size_t>(max_tokens) * per_token + 64;
+  if (buffer_.size() < bytes) buffer_.resize(bytes);
+}
+
+void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            MatMulScratch& scratch) {
+  MatMul(pool, w, x, n_tokens, y, scratch, BestIsa());
+}
+
+void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            MatMulScratch& scratch, Isa isa) {
+  if (n_tokens <= 0 || w.rows <= 0) return;
+  const TypeKernels* kernels = KernelsFor(w.type, isa);
+  if (kernels == nullptr) Fatal("no kernels for this type and ISA", w);
+  const int64_t cols = w.cols;
+  uint8_t* scratch_data = Align64(scratch.data());
+  const size_t pad = static_cast<size_t>(scratch_data - scratch.data());
+  const size_t scratch_bytes = scratch.size() > pad ? scratch.size() - pad : 0;
+
+  const GemmKernels* gemm = ops_internal::GemmFor(w.type, isa);
+  if (gemm != nullptr && n_tokens >= gemm->min_tokens) {
+    const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
+    size_t stride = static_cast<size_t>(cols) * sizeof(float);
+    if (gemm->quantize != nullptr) {
+      stride = static_cast<size_t>(TileRowBytes(cols));
+      if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
+      ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
+        gemm->quantize(x + t * cols, cols, gemm->offset, scratch_data + t * stride);
+      });
+      act = scratch_data;
+    }
+    const int64_t group = gemm->rows_per_group;
+    ParallelChunks(pool, w.rows, group, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; r += group) {
+        gemm->gemm(cols, w.row(r), w.row_bytes, static_cast<int>(std::min(group, r1 - r)), act,
+                   stride, n_tokens, y + r, w.rows);
+      }
+    });
+    return;
+  }
+  if (const QuantDot* quant = ops_internal::QuantDotFor(w.type, isa); quant != nullptr) {
+    const size_t stride = static_cast<size_t>(PanelRowBytes(cols));
+    if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
+    ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
+      quant->quantize_panel(x + t * cols, cols, quant->offset, scratch_data + t * stride);
+    });
+    RunTiles(pool, w.rows, n_tokens, y, [&](int64_t r, int64_t t0, int k, float* out) {
+      quant->dot(cols, w.row(r), scratch_data + t0 * stride, stride, k, out);
+    });
+    return;
+  }
+
+  // vec_dot_multi on activations in vec_dot_type: F32 as given, else converted into scratch.
+  const uint8_t* xs = reinterpret_cast<const uint8_t*>(x);
+  size_t stride = static_cast<size_t>(cols) * sizeof(float);
+  if (kernels->vec_dot_type != GgmlType::kF32) {
+    const TypeKernels* x_kernels = KernelsFor(kernels->vec_dot_type, isa);
+    stride = RowBytes(kernels->vec_dot_type, cols);
+    if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
+    ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
+      x_kernels->from_float(x + t * cols, scratch_data + t * stride, cols);
+    });
+    xs = scratch_data;
+  }
+  RunTiles(pool, w.rows, n_tokens, y, [&](int64_t r, int64_t t0, int k, float* out) {
+    if (k == 1) {
+      out[0] = kernels->vec_dot(cols, w.row(r), xs + t0 * stride);
+    } else {
+      kernels->vec_dot_multi(cols, w.row(r), xs + t0 * stride, static_cast<int64_t>(stride), k,
+                             out);
+    }
+  });
+}
+
+void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
+  const TypeKernels* kernels = KernelsFor(w.type, Isa::kScalar);
+  if (kernels == nullptr) Fatal("no kernels for this type", w);
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    kernels->to_float(w.row(r), row.data(), w.cols);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < w.cols; ++i) sum += double{row[i]} * x[t * w.cols + i];
+      y[t * w.rows + r] = static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace thermocline

@@ -1,0 +1,50 @@
+// Matrix products of a weight matrix with activations, parallel over the weight rows:
+// mat-vec for decode (one token) and matrix-matrix for prefill (many tokens, each weight row
+// read once per group of tokens).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/ops/ggml_types.h"
+#include "engine/ops/kernels.h"
+#include "engine/util/thread_pool.h"
+
+namespace thermocline {
+
+// A weight matrix as GGUF stores it: `rows` rows of `cols` elements of `type`, each row
+// row_bytes long (GGUF ne[0] = cols, ne[1] = rows). Not owning.
+struct WeightView {
+  GgmlType type = GgmlType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const uint8_t* data = nullptr;
+  size_t row_bytes = 0;
+  const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+};
+
+// Buffer for activations converted to a kernel's vec_dot_type. Sized once (Reserve) at load so
+// that the decode loop never allocates.
+class MatMulScratch {
+ public:
+  void Reserve(int64_t max_tokens, int64_t max_cols);
+  uint8_t* data() { return buffer_.data(); }
+  size_t size() const { return buffer_.size(); }
+
+ private:
+  std::vector<uint8_t> buffer_;
+};
+
+// y: (n_tokens, w.rows) = x: (n_tokens, w.cols) · wᵀ. x and y rows are contiguous.
+// scratch must have been reserved for at least n_tokens × w.cols.
+void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            MatMulScratch& scratch);
+// The same with the kernels of a given ISA (one of AvailableIsas()), for tests and benchmarks.
+void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            MatMulScratch& scratch, Isa isa);
+
+// Scalar reference of MatMul (dequantize each row, dot in float): for tests only.
+void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y);
+
+}  // namespace thermocline

@@ -1,0 +1,159 @@
+// The vector API kernels_simd.inc is written against, for AVX2 + FMA + F16C: F holds kLanes
+// floats, I holds kBlocks 32-byte int8 blocks. Include only from kernels_avx2.cc (it needs
+// -mavx2 -mfma -mf16c); vec_avx512.h is the same API for AVX-512.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "engine/ops/ggml_types.h"
+
+namespace thermocline::vec_avx2 {
+
+constexpr int kLanes = 8;
+constexpr int kBlocks = 1;
+constexpr bool kVnni = false;
+using F = __m256;
+using I = __m256i;
+
+// ---- Floats ----
+inline F Zero() { return _mm256_setzero_ps(); }
+inline F Set1(float v) { return _mm256_set1_ps(v); }
+inline F Load(const float* p) { return _mm256_loadu_ps(p); }
+inline void Store(float* p, F v) { _mm256_storeu_ps(p, v); }
+inline F LoadHalf(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline void StoreHalf(uint16_t* p, F v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+inline F LoadBf16(const uint16_t* p) {
+  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+// Round to nearest even; NaN -> (bits >> 16) | 64, as FloatToBf16.
+inline void StoreBf16(uint16_t* p, F v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
+                                            _mm256_set1_epi32(0x7F800000));
+  const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(64)), is_nan);
+  const __m128i packed =
+      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+// kLanes int8 -> float.
+inline F LoadI8(const int8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+// v holds integers in [-128, 127]: stored as kLanes int8.
+inline void StoreI8(int8_t* p, F v) {
+  const __m256i i = _mm256_cvtps_epi32(v);
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(w, w));
+}
+inline F Add(F a, F b) { return _mm256_add_ps(a, b); }
+inline F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
+inline F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+inline F Max(F a, F b) { return _mm256_max_ps(a, b); }
+inline F Abs(F v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+// roundf: halfway cases away from zero.
+inline F RoundHalfAway(F v) {
+  const F t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const F up = _mm256_cmp_ps(Abs(_mm256_sub_ps(v, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+  const F one = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
+  return _mm256_add_ps(t, _mm256_and_ps(up, one));
+}
+inline float ReduceAdd(F v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float ReduceMax(F v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+inline float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
+inline uint16_t FloatToHalf(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// ---- Int8 blocks (nblk <= kBlocks blocks per I; the rest zero) ----
+// Q4_0 quants as unsigned 0..15 in element order (low nibbles, then high nibbles).
+inline I LoadQ4(const BlockQ4_0* b, int /*nblk*/) {
+  const __m256i q =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs)));
+  const __m256i shifted = _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+  return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+}
+inline I LoadQ8(const BlockQ8_0* b, int /*nblk*/) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+}
+inline I LoadBytes(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline void StoreBytes(void* p, I v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
+inline I SubI8(I v, int8_t c) { return _mm256_sub_epi8(v, _mm256_set1_epi8(c)); }
+// Each block's fp16 scale, in all of its 8 int32 lanes.
+template <class Block>
+inline F LoadScales(const Block* b, int /*nblk*/) {
+  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(b->d)));
+}
+// int32 lane i = sum of u[4i+t] * s[4i+t], u unsigned, s signed (u * s pairs must fit int16).
+inline I DotU8S8(I u, I s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+// The same for two signed operands (sign trick; |w| <= 127).
+inline I DotS8S8(I w, I x) { return DotU8S8(_mm256_abs_epi8(x), _mm256_sign_epi8(w, x)); }
+// Flips the top bit: w + 128 as unsigned (used by the VNNI kernels only).
+inline I FlipSign(I v) { return _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))); }
+inline F ToFloat(I v) { return _mm256_cvtepi32_ps(v); }
+
+// ---- Int32 / int16 lanes (the tile kernels: one weight row per int32 lane) ----
+inline I ZeroI() { return _mm256_setzero_si256(); }
+inline I Set1I32(int32_t v) { return _mm256_set1_epi32(v); }
+inline I Broadcast32(const void* p) {  // 4 bytes into every int32 lane
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+inline I AddI32(I a, I b) { return _mm256_add_epi32(a, b); }
+inline I AddI16(I a, I b) { return _mm256_add_epi16(a, b); }
+// int16 lane i = u[2i] * s[2i] + u[2i+1] * s[2i+1] (saturating), u unsigned, s signed.
+inline I MulPairsU8S8(I u, I s) { return _mm256_maddubs_epi16(u, s); }
+// int32 lane i = int16 lanes 2i + 2i+1.
+inline I WidenPairsI16(I v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
+// acc + DotU8S8(u, s).
+inline I DotAccU8S8(I acc, I u, I s) { return AddI32(acc, DotU8S8(u, s)); }
+// out[j] lane r = dword j of the 16 bytes at p + r * stride, for kLanes rows (a transpose).
+inline void LoadTranspose4(const uint8_t* p, int64_t stride, I out[4]) {
+  I z[4];
+  for (int k = 0; k < 4; ++k) {  // 128-bit lane L of z[k] = row 4L + k
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k * stride));
+    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (4 + k) * stride));
+    z[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+  }
+  const __m256i t0 = _mm256_unpacklo_epi32(z[0], z[1]), t1 = _mm256_unpackhi_epi32(z[0], z[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(z[2], z[3]), t3 = _mm256_unpackhi_epi32(z[2], z[3]);
+  out[0] = _mm256_unpacklo_epi64(t0, t2);
+  out[1] = _mm256_unpackhi_epi64(t0, t2);
+  out[2] = _mm256_unpacklo_epi64(t1, t3);
+  out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+inline I AndI(I a, int32_t mask) { return _mm256_and_si256(a, _mm256_set1_epi32(mask)); }
+inline I ShiftRightI32(I a, int bits) { return _mm256_srli_epi32(a, bits); }
+inline I ShiftLeftI32(I a, int bits) { return _mm256_slli_epi32(a, bits); }
+inline F AsFloat(I v) { return _mm256_castsi256_ps(v); }
+// The halves in the low 16 bits of each int32 lane, as floats.
+inline F HalfLowToFloat(I v) {
+  const __m256i h = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+  return _mm256_cvtph_ps(
+      _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
+}  // namespace thermocline::vec_avx2

@@ -1,0 +1,180 @@
+// The vector API of vec_avx2.h for AVX-512 (F, BW, VL, DQ): 16 floats per F, two 32-byte int8
+// blocks per I. With THERMOCLINE_VNNI defined (kernels_vnni_avx512.cc, which enables the
+// instructions), int8 dots use vpdpbusd. Include only from those two files.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "engine/ops/ggml_types.h"
+
+// GCC 12 warns about its own _mm512_undefined_* inside the intrinsics (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#ifdef THERMOCLINE_VNNI
+#define THERMOCLINE_VEC_NS vec_avx512_vnni
+#else
+#define THERMOCLINE_VEC_NS vec_avx512
+#endif
+
+namespace thermocline::THERMOCLINE_VEC_NS {
+
+constexpr int kLanes = 16;
+constexpr int kBlocks = 2;
+#ifdef THERMOCLINE_VNNI
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+using F = __m512;
+using I = __m512i;
+
+// ---- Floats ----
+inline F Zero() { return _mm512_setzero_ps(); }
+inline F Set1(float v) { return _mm512_set1_ps(v); }
+inline F Load(const float* p) { return _mm512_loadu_ps(p); }
+inline void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
+inline F LoadHalf(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline void StoreHalf(uint16_t* p, F v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+inline F LoadBf16(const uint16_t* p) {
+  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+// Round to nearest even; NaN -> (bits >> 16) | 64, as FloatToBf16.
+inline void StoreBf16(uint16_t* p, F v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(
+      _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  const __m512i r = _mm512_mask_or_epi32(rounded, is_nan, hi, _mm512_set1_epi32(64));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+inline F LoadI8(const int8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+inline void StoreI8(int8_t* p, F v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+}
+inline F Add(F a, F b) { return _mm512_add_ps(a, b); }
+inline F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+inline F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+inline F Max(F a, F b) { return _mm512_max_ps(a, b); }
+inline F Abs(F v) { return _mm512_abs_ps(v); }
+inline F RoundHalfAway(F v) {
+  const F t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __mmask16 up =
+      _mm512_cmp_ps_mask(Abs(_mm512_sub_ps(v, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+  const F one = _mm512_or_ps(_mm512_and_ps(v, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(1.0f));
+  return _mm512_mask_add_ps(t, up, t, one);
+}
+inline float ReduceAdd(F v) { return _mm512_reduce_add_ps(v); }
+inline float ReduceMax(F v) { return _mm512_reduce_max_ps(v); }
+inline float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
+inline uint16_t FloatToHalf(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// ---- Int8 blocks (nblk <= kBlocks blocks per I; the rest zero) ----
+// Q4_0 quants as unsigned 0..15 in element order: 128-bit lanes [lo0 hi0 lo1 hi1].
+inline I LoadQ4(const BlockQ4_0* b, int nblk) {
+  __m512i q = _mm512_maskz_broadcast_i32x4(
+      0x00FF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[0].qs)));
+  if (nblk > 1) {
+    q = _mm512_mask_broadcast_i32x4(q, 0xFF00,
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[1].qs)));
+  }
+  const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
+  return _mm512_and_si512(_mm512_srlv_epi32(q, shift), _mm512_set1_epi8(0x0F));
+}
+inline I LoadQ8(const BlockQ8_0* b, int nblk) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[0].qs));
+  if (nblk == 1) return _mm512_zextsi256_si512(lo);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[1].qs)), 1);
+}
+inline I LoadBytes(const void* p) { return _mm512_loadu_si512(p); }
+inline void StoreBytes(void* p, I v) { _mm512_storeu_si512(p, v); }
+inline I SubI8(I v, int8_t c) { return _mm512_sub_epi8(v, _mm512_set1_epi8(c)); }
+template <class Block>
+inline F LoadScales(const Block* b, int nblk) {
+  const __m128i d0 = _mm_set1_epi16(static_cast<int16_t>(b[0].d));
+  const __m128i d1 = nblk > 1 ? _mm_set1_epi16(static_cast<int16_t>(b[1].d)) : _mm_setzero_si128();
+  return _mm512_cvtph_ps(_mm256_set_m128i(d1, d0));
+}
+inline I DotU8S8(I u, I s) {
+#ifdef THERMOCLINE_VNNI
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+#else
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+#endif
+}
+// Two signed operands: |x| times w with x's sign (AVX-512 has no vpsignb).
+inline I DotS8S8(I w, I x) {
+  const __mmask64 negative = _mm512_movepi8_mask(x);
+  const __m512i signed_w = _mm512_mask_sub_epi8(w, negative, _mm512_setzero_si512(), w);
+  return DotU8S8(_mm512_abs_epi8(x), signed_w);
+}
+// Flips the top bit: w + 128 as unsigned (for VNNI's unsigned x signed products).
+inline I FlipSign(I v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
+inline F ToFloat(I v) { return _mm512_cvtepi32_ps(v); }
+
+// ---- Int32 / int16 lanes (the tile kernels: one weight row per int32 lane) ----
+inline I ZeroI() { return _mm512_setzero_si512(); }
+inline I Set1I32(int32_t v) { return _mm512_set1_epi32(v); }
+inline I Broadcast32(const void* p) {  // 4 bytes into every int32 lane (an embedded broadcast)
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+inline I AddI32(I a, I b) { return _mm512_add_epi32(a, b); }
+inline I AddI16(I a, I b) { return _mm512_add_epi16(a, b); }
+inline I MulPairsU8S8(I u, I s) { return _mm512_maddubs_epi16(u, s); }
+inline I WidenPairsI16(I v) { return _mm512_madd_epi16(v, _mm512_set1_epi16(1)); }
+inline I DotAccU8S8(I acc, I u, I s) {
+#ifdef THERMOCLINE_VNNI
+  return _mm512_dpbusd_epi32(acc, u, s);
+#else
+  return AddI32(acc, DotU8S8(u, s));
+#endif
+}
+// out[j] lane r = dword j of the 16 bytes at p + r * stride, for kLanes rows (a transpose).
+inline void LoadTranspose4(const uint8_t* p, int64_t stride, I out[4]) {
+  I z[4];
+  for (int k = 0; k < 4; ++k) {  // 128-bit lane L of z[k] = row 4L + k
+    const auto row = [&](int r) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + r * stride));
+    };
+    z[k] = _mm512_castsi128_si512(row(k));
+    z[k] = _mm512_inserti32x4(z[k], row(4 + k), 1);
+    z[k] = _mm512_inserti32x4(z[k], row(8 + k), 2);
+    z[k] = _mm512_inserti32x4(z[k], row(12 + k), 3);
+  }
+  const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+  out[0] = _mm512_unpacklo_epi64(t0, t2);
+  out[1] = _mm512_unpackhi_epi64(t0, t2);
+  out[2] = _mm512_unpacklo_epi64(t1, t3);
+  out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+inline I AndI(I a, int32_t mask) { return _mm512_and_si512(a, _mm512_set1_epi32(mask)); }
+inline I ShiftRightI32(I a, int bits) { return _mm512_srli_epi32(a, bits); }
+inline I ShiftLeftI32(I a, int bits) { return _mm512_slli_epi32(a, bits); }
+inline F AsFloat(I v) { return _mm512_castsi512_ps(v); }
+inline F HalfLowToFloat(I v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+
+}  // namespace thermocline::THERMOCLINE_VEC_NS
+
+#undef THERMOCLINE_VEC_NS

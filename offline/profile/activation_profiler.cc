@@ -1,0 +1,144 @@
+// Counting, histogram and reservoir sampling of FFN activations.
+#include "offline/profile/activation_profiler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "engine/ops/kernels.h"
+
+namespace thermocline::offline {
+
+float AbsHistBinUpper(int bin) {
+  const uint32_t bits = (static_cast<uint32_t>(bin + 1) << 19) - 1;
+  float v;
+  __builtin_memcpy(&v, &bits, 4);
+  return v;
+}
+
+float LayerStats::AbsQuantile(double q) const {
+  uint64_t total = 0;
+  for (uint64_t c : abs_hist) total += c;
+  if (total == 0) return 0.0f;
+  const double target = std::clamp(q, 0.0, 1.0) * static_cast<double>(total);
+  uint64_t cumulative = 0;
+  for (int b = 0; b < kAbsHistBins; ++b) {
+    cumulative += abs_hist[b];
+    if (static_cast<double>(cumulative) >= target && cumulative > 0) return AbsHistBinUpper(b);
+  }
+  return AbsHistBinUpper(kAbsHistBins - 1);
+}
+
+double Sparsity(const std::vector<uint64_t>& fire_count, int64_t tokens) {
+  if (tokens <= 0 || fire_count.empty()) return 0.0;
+  double fired = 0;
+  for (uint64_t c : fire_count) fired += static_cast<double>(c);
+  return 1.0 - fired / (static_cast<double>(tokens) * static_cast<double>(fire_count.size()));
+}
+
+double SkewFraction(const std::vector<uint64_t>& fire_count, double mass) {
+  if (fire_count.empty()) return 0.0;
+  std::vector<uint64_t> sorted = fire_count;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  double total = 0;
+  for (uint64_t c : sorted) total += static_cast<double>(c);
+  if (total <= 0) return 0.0;
+  double cumulative = 0;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    cumulative += static_cast<double>(sorted[i]);
+    if (cumulative >= mass * total) return static_cast<double>(i + 1) / sorted.size();
+  }
+  return 1.0;
+}
+
+ActivationProfiler::ActivationProfiler(const LlamaHparams& hparams,
+                                       const ProfilerOptions& options)
+    : options_(options),
+      n_layer_(hparams.n_layer),
+      n_embd_(hparams.n_embd),
+      n_ff_(hparams.n_ff),
+      mask_words_((hparams.n_ff + 63) / 64),
+      magnitude_(hparams.activation == FfnActivation::kSilu),
+      layers_(hparams.n_layer),
+      rng_(options.seed) {
+  for (LayerStats& s : layers_) {
+    s.fire_count.assign(n_ff_, 0);
+    s.abs_sum.assign(n_ff_, 0.0);
+    s.abs_hist.assign(kAbsHistBins, 0);
+    s.calibrated = !magnitude_;
+  }
+  const int64_t cap = std::max<int64_t>(0, options_.max_samples);
+  xs_.resize(n_layer_);
+  masks_.resize(n_layer_);
+  for (int64_t l = 0; l < n_layer_; ++l) {
+    xs_[l].assign(cap * n_embd_, 0);
+    masks_[l].assign(cap * mask_words_, 0);
+  }
+  heldout_.assign(cap, 0);
+}
+
+void ActivationProfiler::StartBatch(int64_t n_tokens) {
+  observed_ += n_tokens;
+  batch_counted_ = !magnitude_ || observed_ - n_tokens >= options_.calibration_tokens;
+  batch_slots_.assign(n_tokens, -1);
+  if (!batch_counted_) return;
+  tokens_ += n_tokens;
+  // Reservoir sampling (Algorithm R) over counted tokens; layers share the decision.
+  const int64_t cap = static_cast<int64_t>(heldout_.size());
+  std::bernoulli_distribution heldout(options_.heldout_fraction);
+  for (int64_t t = 0; t < n_tokens; ++t, ++seen_for_reservoir_) {
+    int64_t slot = -1;
+    if (seen_for_reservoir_ < cap) {
+      slot = seen_for_reservoir_;
+      filled_ = slot + 1;
+    } else if (cap > 0) {
+      std::uniform_int_distribution<int64_t> pick(0, seen_for_reservoir_);
+      const int64_t j = pick(rng_);
+      if (j < cap) slot = j;
+    }
+    if (slot >= 0) heldout_[slot] = heldout(rng_) ? 1 : 0;
+    batch_slots_[t] = slot;
+  }
+}
+
+void ActivationProfiler::OnFfn(int layer, const float* x, int64_t n_embd, const float* act,
+                               int64_t n_ff, int64_t n_tokens) {
+  if (layer == 0) StartBatch(n_tokens);
+  LayerStats& s = layers_[layer];
+  for (int64_t t = 0; t < n_tokens * n_ff; ++t) s.abs_hist[AbsHistBin(act[t])]++;
+  if (!batch_counted_) return;
+  if (!s.calibrated) {  // SwiGLU: the calibration tokens are in the histogram now
+    s.threshold = s.AbsQuantile(options_.target_sparsity);
+    s.calibrated = true;
+  }
+  const float thr = s.threshold;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* a = act + t * n_ff;
+    const int64_t slot = batch_slots_[t];
+    uint64_t* mask = slot >= 0 ? masks_[layer].data() + slot * mask_words_ : nullptr;
+    if (mask != nullptr) std::fill(mask, mask + mask_words_, 0);
+    uint64_t fired = 0;
+    for (int64_t i = 0; i < n_ff; ++i) {
+      const float m = std::fabs(a[i]);
+      s.abs_sum[i] += m;
+      if (m > thr) {
+        s.fire_count[i]++;
+        ++fired;
+        if (mask != nullptr) mask[i >> 6] |= uint64_t{1} << (i & 63);
+      }
+    }
+    s.fired_total += fired;
+    if (slot >= 0) {
+      uint16_t* dst = xs_[layer].data() + slot * n_embd_;
+      const float* src = x + t * n_embd;
+      for (int64_t j = 0; j < n_embd_; ++j) dst[j] = FloatToHalf(src[j]);
+    }
+  }
+}
+
+void ActivationProfiler::SampleX(int layer, int64_t s, float* out) const {
+  const uint16_t* src = xs_[layer].data() + s * n_embd_;
+  for (int64_t j = 0; j < n_embd_; ++j) out[j] = HalfToFloat(src[j]);
+}
+
+}  // namespace thermocline::offline

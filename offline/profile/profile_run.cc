@@ -1,0 +1,151 @@
+// Corpus and self-generated profiling runs.
+#include "offline/profile/profile_run.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/session.h"
+#include "engine/runtime/generate.h"
+#include "offline/util/hash.h"
+
+namespace thermocline::offline {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open corpus '", path, "'"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Next story (text up to a blank line) from `text` at `pos`; empty at the end.
+std::string_view NextStory(std::string_view text, size_t& pos) {
+  while (pos < text.size() && (text[pos] == '\n' || text[pos] == '\r')) ++pos;
+  const size_t start = pos;
+  size_t end = text.find("\n\n", pos);
+  if (end == std::string_view::npos) end = text.size();
+  pos = end;
+  std::string_view story = text.substr(start, end - start);
+  while (!story.empty() && (story.back() == '\n' || story.back() == '\r' || story.back() == ' ')) {
+    story.remove_suffix(1);
+  }
+  return story;
+}
+
+// Forwards each FFN call to the profiler and then to a second observer.
+class TeeObserver final : public FfnObserver {
+ public:
+  TeeObserver(FfnObserver* first, FfnObserver* second) : first_(first), second_(second) {}
+  void OnFfn(int layer, const float* x, int64_t n_embd, const float* act, int64_t n_ff,
+             int64_t n_tokens) override {
+    first_->OnFfn(layer, x, n_embd, act, n_ff, n_tokens);
+    if (second_ != nullptr) second_->OnFfn(layer, x, n_embd, act, n_ff, n_tokens);
+  }
+
+ private:
+  FfnObserver* first_;
+  FfnObserver* second_;
+};
+
+bool Report(ProgressReporter* progress, const ActivationProfiler& p, int64_t target) {
+  if (progress == nullptr) return true;
+  return progress->Update(static_cast<double>(p.tokens()) / std::max<int64_t>(1, target),
+                          absl::StrCat(p.tokens(), "/", target, " tokens"));
+}
+
+}  // namespace
+
+absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& pool,
+                                         ActivationProfiler& profiler,
+                                         const ProfileRunOptions& options,
+                                         ProgressReporter* progress) {
+  if (options.tokens <= 0) return absl::InvalidArgumentError("--tokens must be positive");
+  int64_t chunk = std::min<int64_t>(options.chunk, model.hparams().n_ctx_train);
+  if (chunk < 2) return absl::InvalidArgumentError("profiling chunk must be at least 2 tokens");
+  SessionOptions so;
+  so.n_ctx = chunk;
+  so.max_batch = chunk;
+  auto session = Session::Create(model, &pool, so);
+  if (!session.ok()) return session.status();
+  TeeObserver tee(&profiler, options.also_observe);
+  (*session)->set_ffn_observer(&tee);
+  const Tokenizer& tok = model.tokenizer();
+  ProfileSource source;
+
+  if (!options.corpus_path.empty()) {
+    auto text = ReadFile(options.corpus_path);
+    if (!text.ok()) return text.status();
+    Fnv1a64 h;
+    h.Update(*text);
+    source.kind = "corpus";
+    source.corpus_hash = h.Hex();
+    size_t pos = 0;
+    std::vector<int32_t> stream;
+    bool exhausted = false;
+    while (profiler.tokens() < options.tokens && !exhausted) {
+      while (static_cast<int64_t>(stream.size()) < chunk && !exhausted) {
+        std::string_view story = NextStory(*text, pos);
+        if (story.empty()) {
+          exhausted = true;
+          break;
+        }
+        std::vector<int32_t> ids = tok.Encode(story, tok.add_bos());
+        stream.insert(stream.end(), ids.begin(), ids.end());
+      }
+      const int64_t need = options.tokens - profiler.tokens() +
+                           std::max<int64_t>(0, profiler.options().calibration_tokens -
+                                                    profiler.observed_tokens());
+      const int64_t n = std::min<int64_t>({chunk, static_cast<int64_t>(stream.size()), need});
+      if (n <= 0) break;
+      (*session)->Reset();
+      if (absl::Status s = (*session)->Eval({stream.data(), static_cast<size_t>(n)}); !s.ok()) {
+        return s;
+      }
+      stream.erase(stream.begin(), stream.begin() + n);
+      if (!Report(progress, profiler, options.tokens)) {
+        return absl::CancelledError("profiling cancelled");
+      }
+    }
+  } else {
+    Fnv1a64 h;
+    const std::string settings = absl::StrCat("self-generate seed=", options.seed,
+                                              " temperature=", options.temperature);
+    h.Update(settings);
+    source.kind = "self-generate";
+    source.corpus_hash = h.Hex();
+    const int32_t bos = tok.bos_id() >= 0 ? tok.bos_id() : 0;
+    bool cancelled = false;
+    for (uint64_t round = 0; profiler.tokens() < options.tokens && !cancelled; ++round) {
+      GenerateOptions go;
+      go.max_tokens = static_cast<int32_t>(chunk - 1);
+      go.sampling.temperature = options.temperature;
+      go.sampling.top_k = 0;
+      go.sampling.top_p = 1.0f;
+      go.sampling.min_p = 0.0f;
+      go.sampling.seed = options.seed + round;
+      go.stop_at_end_of_generation = true;
+      (*session)->Reset();
+      const int64_t before = profiler.observed_tokens();
+      auto r = Generate(**session, {&bos, 1}, go, [&](const GeneratedToken&) {
+        if (!Report(progress, profiler, options.tokens)) cancelled = true;
+        return !cancelled && profiler.tokens() < options.tokens;
+      });
+      if (!r.ok()) return r.status();
+      if (profiler.observed_tokens() == before) {
+        return absl::InternalError("self-generation produced no tokens");
+      }
+    }
+    if (cancelled) return absl::CancelledError("profiling cancelled");
+  }
+  source.tokens = profiler.tokens();
+  if (source.tokens == 0) {
+    return absl::InvalidArgumentError(
+        "profiling saw no tokens: the corpus is empty or shorter than the calibration window");
+  }
+  return source;
+}
+
+}  // namespace thermocline::offline

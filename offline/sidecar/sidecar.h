@@ -1,0 +1,86 @@
+// The sidecar (`<model>.thermo.gguf`): everything the offline pipeline learns about one model —
+// activation statistics, predictors, thresholds, and the GPU/CPU placement — as a GGUF file with
+// keys under `thermocline.*` and per-layer tensors `blk.N.*`. docs/offline.md lists every key.
+// A sidecar is bound to its model by an identity hash and the shapes; one that does not belong
+// (another model, other shapes, another format version) is refused with an error saying so.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/llama_model.h"
+#include "offline/predictor/predictor.h"
+
+namespace thermocline::offline {
+
+constexpr uint32_t kSidecarFormatVersion = 1;
+constexpr int kQuantileLevels = 101;  // |act| quantiles at 0.00, 0.01, ..., 1.00
+
+struct SidecarLayer {
+  // Profile.
+  std::vector<int32_t> fire_count;         // (n_ff) tokens on which each neuron fired
+  std::vector<float> act_abs_mean;         // (n_ff) mean |act| per neuron
+  std::vector<float> act_abs_quantiles;    // (kQuantileLevels) of |act| over all neurons
+  float magnitude_threshold = 0.0f;        // fired iff |act| > this (0 for ReLU family)
+  double sparsity = 0;                     // mean fraction of neurons not firing per token
+  double skew80 = 0;                       // fraction of neurons carrying 80% of firings
+  // Predictor (rank 0: none).
+  Predictor predictor;
+  double recall = 0;
+  double precision = 0;
+  double predicted_active = 0;
+  // Placement (neuron_order empty: none). GPU neurons are neuron_order[0, n_gpu), CPU neurons
+  // the rest; both lists ascending by neuron id within their part.
+  bool attention_gpu = false;
+  int64_t n_gpu = 0;
+  std::vector<int32_t> neuron_order;       // (n_ff)
+};
+
+struct SidecarPlacement {
+  bool present = false;
+  std::string objective;         // "time" or "frequency"
+  std::string hardware;          // the hardware profile's name
+  uint64_t gpu_budget_bytes = 0;
+  uint64_t gpu_bytes = 0;        // what the placement puts on the GPU
+  int64_t bucket_size = 0;
+  int64_t min_neurons = 0;
+  int64_t context = 0;           // KV cache length the memory was computed for
+  bool output_gpu = false;
+  double gpu_neuron_fraction = 0;
+  double gpu_mass_fraction = 0;  // of all firings
+  double tokens_per_s = 0;       // modelled, for this placement
+  double tokens_per_s_time = 0;       // modelled, best placement of objective "time"
+  double tokens_per_s_frequency = 0;  // modelled, best placement of objective "frequency"
+};
+
+struct Sidecar {
+  uint32_t format_version = kSidecarFormatVersion;
+  std::string model_identity;
+  std::string model_name;
+  int64_t n_layer = 0, n_embd = 0, n_ff = 0;
+  std::string activation;  // ActivationName()
+  std::string corpus_kind;
+  std::string corpus_hash;
+  int64_t tokens = 0;
+  double target_recall = 0;
+  double target_sparsity = 0;  // SwiGLU calibration target (magnitude_threshold)
+  std::vector<SidecarLayer> layers;
+  SidecarPlacement placement;
+};
+
+// Hash of the model file's tensor names, shapes, types and data sizes (hex).
+std::string ModelIdentity(const GgufFile& model_file);
+
+absl::Status WriteSidecar(const Sidecar& sidecar, const std::string& path);
+// Reads and checks the sidecar's own consistency; does not check it against a model.
+absl::StatusOr<Sidecar> ReadSidecar(const std::string& path);
+// OK when the sidecar belongs to this model; else FailedPrecondition naming the mismatch.
+absl::Status CheckSidecarMatches(const Sidecar& sidecar, const LlamaModel& model);
+// ReadSidecar + CheckSidecarMatches.
+absl::StatusOr<Sidecar> LoadSidecarFor(const std::string& path, const LlamaModel& model);
+
+}  // namespace thermocline::offline

@@ -1,0 +1,244 @@
+#include "server/config.h"
+
+#include <filesystem>
+#include <limits>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "engine/util/thread_pool.h"
+
+#include <toml++/toml.h>
+
+namespace thermocline::server {
+namespace {
+
+absl::Status KeyError(const std::string& key, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("config key '", key, "': ", what));
+}
+
+// Reads one table's keys into typed fields; remembers which keys it consumed so that the rest
+// can be reported as unknown.
+class TableReader {
+ public:
+  TableReader(const toml::table* table, std::string prefix)
+      : table_(table), prefix_(std::move(prefix)) {}
+
+  template <typename T, typename Dst>
+  void Get(const char* key, Dst* dst) {
+    seen_.insert(key);
+    if (!status_.ok() || table_ == nullptr) return;
+    const toml::node* node = table_->get(key);
+    if (node == nullptr) return;
+    std::optional<T> v = node->value_exact<T>();
+    if constexpr (std::is_same_v<T, double>) {
+      if (!v) {
+        if (auto i = node->value_exact<int64_t>()) v = static_cast<double>(*i);
+      }
+    }
+    if (!v) {
+      status_ = KeyError(prefix_ + key, "has the wrong type");
+      return;
+    }
+    if constexpr (std::is_integral_v<Dst> && !std::is_same_v<Dst, bool>) {
+      if (*v < std::numeric_limits<Dst>::min() || *v > std::numeric_limits<Dst>::max()) {
+        status_ = KeyError(prefix_ + key, "is out of range");
+        return;
+      }
+    }
+    *dst = static_cast<Dst>(*v);
+  }
+
+  void GetStringList(const char* key, std::vector<std::string>* dst) {
+    seen_.insert(key);
+    if (!status_.ok() || table_ == nullptr) return;
+    const toml::node* node = table_->get(key);
+    if (node == nullptr) return;
+    if (auto s = node->value_exact<std::string>()) {
+      if (!s->empty()) dst->push_back(*s);
+      return;
+    }
+    const toml::array* arr = node->as_array();
+    if (arr == nullptr) {
+      status_ = KeyError(prefix_ + key, "must be a string or a list of strings");
+      return;
+    }
+    for (const toml::node& item : *arr) {
+      auto s = item.value_exact<std::string>();
+      if (!s) {
+        status_ = KeyError(prefix_ + key, "must be a list of strings");
+        return;
+      }
+      dst->push_back(*s);
+    }
+  }
+
+  absl::Status Finish() {
+    if (!status_.ok() || table_ == nullptr) return status_;
+    for (const auto& [k, v] : *table_) {
+      if (!seen_.count(std::string(k.str()))) {
+        return KeyError(prefix_ + std::string(k.str()), "unknown key");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const toml::table* table_;
+  std::string prefix_;
+  std::set<std::string> seen_;
+  absl::Status status_;
+};
+
+absl::Status ReadModels(const toml::node* node, ServerConfig* c) {
+  if (node == nullptr) return absl::OkStatus();
+  const toml::array* arr = node->as_array();
+  if (arr == nullptr) return KeyError("models", "must be an array of tables ([[models]])");
+  for (const toml::node& item : *arr) {
+    const toml::table* t = item.as_table();
+    if (t == nullptr) return KeyError("models", "must be an array of tables ([[models]])");
+    ModelConfig m;
+    TableReader r(t, "models.");
+    r.Get<std::string>("path", &m.path);
+    r.Get<std::string>("name", &m.name);
+    r.Get<int64_t>("n_ctx", &m.n_ctx);
+    r.Get<std::string>("activation", &m.activation);
+    r.Get<std::string>("chat_template", &m.chat_template);
+    if (absl::Status s = r.Finish(); !s.ok()) return s;
+    if (m.path.empty()) return KeyError("models.path", "is required");
+    c->models.push_back(std::move(m));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
+  // The packaged toml++ is built with exceptions; they stay inside this function.
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& err) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config ", path, ":", err.source().begin.line, ":", err.source().begin.column, ": ",
+        std::string(err.description())));
+  }
+  for (const auto& [k, v] : root) {
+    static const std::set<std::string> kSections = {"server", "scheduler", "sampling",
+                                                    "log", "debug", "models"};
+    if (!kSections.count(std::string(k.str()))) {
+      return KeyError(std::string(k.str()), "unknown section");
+    }
+  }
+  TableReader server(root["server"].as_table(), "server.");
+  server.Get<std::string>("host", &c->host);
+  server.Get<int64_t>("port", &c->port);
+  server.GetStringList("api_keys", &c->api_keys);
+  server.GetStringList("api_key", &c->api_keys);
+  server.Get<int64_t>("max_body_bytes", &c->max_body_bytes);
+  server.Get<int64_t>("http_threads", &c->http_threads);
+  server.Get<int64_t>("read_timeout_s", &c->read_timeout_s);
+  server.Get<int64_t>("write_timeout_s", &c->write_timeout_s);
+  server.Get<int64_t>("shutdown_timeout_s", &c->shutdown_timeout_s);
+  if (absl::Status s = server.Finish(); !s.ok()) return s;
+
+  TableReader sched(root["scheduler"].as_table(), "scheduler.");
+  sched.Get<int64_t>("slots", &c->slots);
+  sched.Get<int64_t>("queue", &c->queue);
+  sched.Get<int64_t>("threads_per_slot", &c->threads_per_slot);
+  sched.Get<double>("request_timeout_s", &c->request_timeout_s);
+  sched.Get<int64_t>("retry_after_s", &c->retry_after_s);
+  sched.Get<int64_t>("max_batch", &c->max_batch);
+  if (absl::Status s = sched.Finish(); !s.ok()) return s;
+
+  SamplingParams& p = c->sampling;
+  TableReader samp(root["sampling"].as_table(), "sampling.");
+  samp.Get<double>("temperature", &p.temperature);
+  samp.Get<int64_t>("top_k", &p.top_k);
+  samp.Get<double>("top_p", &p.top_p);
+  samp.Get<double>("min_p", &p.min_p);
+  samp.Get<double>("repeat_penalty", &p.repeat_penalty);
+  samp.Get<int64_t>("penalty_last_n", &p.penalty_last_n);
+  samp.Get<int64_t>("max_tokens", &c->default_max_tokens);
+  samp.Get<int64_t>("max_stop_strings", &c->max_stop_strings);
+  samp.Get<int64_t>("max_stop_length", &c->max_stop_length);
+  if (absl::Status s = samp.Finish(); !s.ok()) return s;
+
+  TableReader log(root["log"].as_table(), "log.");
+  log.Get<std::string>("level", &c->log_level);
+  log.Get<bool>("access_log", &c->access_log);
+  if (absl::Status s = log.Finish(); !s.ok()) return s;
+
+  TableReader debug(root["debug"].as_table(), "debug.");
+  debug.Get<int64_t>("decode_delay_ms", &c->decode_delay_ms);
+  if (absl::Status s = debug.Finish(); !s.ok()) return s;
+
+  return ReadModels(root.get("models"), c);
+}
+
+ModelConfig ParseModelFlag(const std::string& value) {
+  ModelConfig m;
+  const size_t eq = value.rfind('=');
+  if (eq != std::string::npos && eq > 0 && eq + 1 < value.size()) {
+    m.path = value.substr(0, eq);
+    m.name = value.substr(eq + 1);
+  } else {
+    m.path = value;
+  }
+  return m;
+}
+
+absl::Status FinalizeConfig(ServerConfig* c) {
+  auto range = [](const char* key, int64_t v, int64_t lo, int64_t hi) -> absl::Status {
+    if (v < lo || v > hi) {
+      return KeyError(key, absl::StrCat(v, " is out of range [", lo, ", ", hi, "]"));
+    }
+    return absl::OkStatus();
+  };
+  for (absl::Status s :
+       {range("server.port", c->port, 0, 65535), range("scheduler.slots", c->slots, 1, 256),
+        range("scheduler.queue", c->queue, 0, 65536),
+        range("scheduler.threads_per_slot", c->threads_per_slot, 0, 1024),
+        range("scheduler.max_batch", c->max_batch, 1, 4096),
+        range("server.http_threads", c->http_threads, 0, 4096),
+        range("server.max_body_bytes", c->max_body_bytes, 1024, int64_t{1} << 32),
+        range("server.read_timeout_s", c->read_timeout_s, 1, 86400),
+        range("server.write_timeout_s", c->write_timeout_s, 1, 86400),
+        range("server.shutdown_timeout_s", c->shutdown_timeout_s, 0, 86400),
+        range("scheduler.retry_after_s", c->retry_after_s, 0, 86400),
+        range("sampling.max_tokens", c->default_max_tokens, 0, 1 << 24),
+        range("sampling.max_stop_strings", c->max_stop_strings, 0, 1024),
+        range("sampling.max_stop_length", c->max_stop_length, 1, 1 << 16),
+        range("debug.decode_delay_ms", c->decode_delay_ms, 0, 60000)}) {
+    if (!s.ok()) return s;
+  }
+  if (!(c->request_timeout_s >= 0)) return KeyError("scheduler.request_timeout_s", "must be >= 0");
+  if (absl::Status s = c->sampling.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("[sampling]: ", s.message()));
+  }
+  static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn",
+                                                "error", "critical", "off"};
+  if (!kLevels.count(c->log_level)) {
+    return KeyError("log.level", "must be one of trace, debug, info, warn, error, critical, off");
+  }
+  if (c->models.empty()) {
+    return absl::InvalidArgumentError("no model: pass --model FILE or add a [[models]] table");
+  }
+  std::set<std::string> names;
+  for (ModelConfig& m : c->models) {
+    if (m.name.empty()) m.name = std::filesystem::path(m.path).stem().string();
+    if (!names.insert(m.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("two models are named '", m.name,
+                                                     "': give one another name (PATH=NAME)"));
+    }
+    if (m.n_ctx < 0 || m.n_ctx > (int64_t{1} << 20)) {
+      return KeyError("models.n_ctx", "must be in [0, 1048576]");
+    }
+  }
+  if (c->threads_per_slot == 0) {
+    c->threads_per_slot = std::max(1, ThreadPool::DefaultThreads() / c->slots);
+  }
+  if (c->http_threads == 0) c->http_threads = c->slots + c->queue + 8;
+  return absl::OkStatus();
+}
+
+}  // namespace thermocline::server

@@ -1,0 +1,64 @@
+// The daemon's configuration: defaults, the TOML file (configs/thermocline.toml documents every
+// key) and the checks that make a bad value an error naming the key, before anything starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/sampling/sampler.h"
+
+namespace thermocline::server {
+
+struct ModelConfig {
+  std::string path;           // GGUF file
+  std::string name;           // id in the API; default: the file name without .gguf
+  int64_t n_ctx = 0;          // context per slot; 0: the model's training context
+  std::string activation;     // override llama.feed_forward_activation ("" = from the file)
+  std::string chat_template;  // "" = from tokenizer.chat_template; or a family name (see docs)
+};
+
+struct ServerConfig {
+  // [server]
+  std::string host = "127.0.0.1";
+  int port = 8080;  // 0: any free port (printed on stdout)
+  std::vector<std::string> api_keys;  // empty: no authentication
+  int64_t max_body_bytes = 4 << 20;
+  int http_threads = 0;  // 0: slots + queue + 8
+  int read_timeout_s = 30;
+  int write_timeout_s = 30;
+  int shutdown_timeout_s = 10;  // graceful-stop budget before in-flight requests are cancelled
+
+  // [scheduler]
+  int slots = 1;
+  int queue = 16;            // requests waiting for a slot beyond this are refused with 503
+  int threads_per_slot = 0;  // 0: hardware threads / slots (at least 1)
+  double request_timeout_s = 600;  // deadline from arrival; 0: none
+  int retry_after_s = 1;
+  int64_t max_batch = 64;    // prefill chunk
+
+  // [sampling]: what a request that omits a field gets.
+  SamplingParams sampling;
+  int32_t default_max_tokens = 0;  // 0: until the context is full
+  int max_stop_strings = 16;
+  int max_stop_length = 256;
+
+  // [log]
+  std::string log_level = "info";
+  bool access_log = true;
+
+  // [debug]
+  int decode_delay_ms = 0;  // sleep after each token: makes the tiny test models slow
+
+  std::vector<ModelConfig> models;  // [[models]]
+};
+
+// Reads a TOML file over the defaults. Unknown keys are errors (a typo should not pass silently).
+absl::Status LoadConfigFile(const std::string& path, ServerConfig* config);
+// Range checks and derived defaults (model names, thread counts).
+absl::Status FinalizeConfig(ServerConfig* config);
+// "path" or "path=name".
+ModelConfig ParseModelFlag(const std::string& value);
+
+}  // namespace thermocline::server

@@ -1,0 +1,129 @@
+#include "server/daemon.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/model_registry.h"
+#include "server/scheduler.h"
+#include "spdlog/spdlog.h"
+
+namespace thermocline::server {
+namespace {
+
+// A one-shot event with a timed wait.
+class Event {
+ public:
+  void Set() {
+    std::lock_guard<std::mutex> lock(mu_);
+    set_ = true;
+    cv_.notify_all();
+  }
+  bool WaitFor(std::chrono::milliseconds d) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, d, [&] { return set_; });
+  }
+  bool is_set() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return set_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool set_ = false;
+};
+
+}  // namespace
+
+absl::Status RunDaemon(const ServerConfig& config) {
+  // Signals are taken by one thread with sigtimedwait; every other thread (created below)
+  // inherits the blocked mask. SIGPIPE is ignored: a vanished client is a failed write.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  Metrics metrics;
+  ModelRegistry registry(config.models);
+  Scheduler scheduler(config, &metrics);
+  HttpFrontEnd http(config, &registry, &metrics);
+  auto port = http.Bind();
+  if (!port.ok()) return port.status();
+  std::printf("thermocline: listening on http://%s:%d\n", config.host.c_str(), *port);
+  std::fflush(stdout);
+  spdlog::info("listening on http://{}:{} ({} slot(s) x {} thread(s), queue {})", config.host,
+               *port, config.slots, config.threads_per_slot, config.queue);
+
+  Event stop, listen_done;
+  absl::Status failure;
+  std::mutex failure_mu;
+  auto fail = [&](absl::Status s) {
+    {
+      std::lock_guard<std::mutex> lock(failure_mu);
+      if (failure.ok()) failure = std::move(s);
+    }
+    stop.Set();
+  };
+
+  std::thread loader([&] {
+    absl::Status s = registry.LoadAll();
+    if (s.ok()) s = scheduler.Start(registry);
+    if (!s.ok()) {
+      spdlog::error("{}", std::string(s.message()));
+      return fail(s);
+    }
+    metrics.SetModelsReady(static_cast<int64_t>(registry.models().size()));
+    http.SetScheduler(&scheduler);
+    spdlog::info("ready");
+  });
+
+  std::thread signal_thread([&] {
+    const timespec poll = {0, 100 * 1000 * 1000};
+    while (!stop.is_set() && !listen_done.is_set()) {
+      const int sig = sigtimedwait(&signals, nullptr, &poll);
+      if (sig == SIGINT || sig == SIGTERM) {
+        spdlog::info("{}: stopping (in-flight requests get {} s to finish)",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM", config.shutdown_timeout_s);
+        stop.Set();
+      }
+    }
+  });
+
+  // Stops the front end once asked; after the grace period cancels whatever still runs.
+  std::thread stopper([&] {
+    while (!stop.WaitFor(std::chrono::milliseconds(200))) {
+      if (listen_done.is_set()) return;
+    }
+    http.SetDraining();
+    http.Stop();
+    if (listen_done.WaitFor(std::chrono::seconds(config.shutdown_timeout_s))) return;
+    spdlog::warn("grace period over: cancelling the requests still running");
+    do {
+      scheduler.CancelAll(CancelReason::kShutdown);
+    } while (!listen_done.WaitFor(std::chrono::milliseconds(500)));
+  });
+
+  http.Listen();
+  listen_done.Set();
+  stop.Set();
+  stopper.join();
+  signal_thread.join();
+  loader.join();
+  scheduler.Shutdown();
+  spdlog::info("stopped");
+  std::lock_guard<std::mutex> lock(failure_mu);
+  return failure;
+}
+
+}  // namespace thermocline::server

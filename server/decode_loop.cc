@@ -1,0 +1,173 @@
+#include "server/decode_loop.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/model_registry.h"
+
+namespace thermocline::server {
+namespace {
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+bool Contains(const std::vector<int32_t>& v, int32_t id) {
+  return std::find(v.begin(), v.end(), id) != v.end();
+}
+
+}  // namespace
+
+DecodeLoop::DecodeLoop(const DecodeLoopOptions& options, Metrics* metrics)
+    : options_(options), metrics_(metrics), pool_(std::max(1, options.threads)) {}
+
+absl::Status DecodeLoop::AddModel(const ServedModel& model) {
+  if (model.index != static_cast<int>(sessions_.size())) {
+    return absl::InternalError("models must be added in registry order");
+  }
+  SessionOptions so;
+  so.n_ctx = model.n_ctx;
+  so.max_batch = options_.max_batch;
+  auto session = Session::Create(*model.model, &pool_, so);
+  if (!session.ok()) return session.status();
+  sessions_.push_back(std::move(*session));
+  const size_t n_vocab = static_cast<size_t>(model.model->hparams().n_vocab);
+  raw_logits_.resize(std::max(raw_logits_.size(), n_vocab));
+  history_.reserve(std::max<size_t>(history_.capacity(), model.n_ctx));
+  return absl::OkStatus();
+}
+
+DecodeLoop::Outcome DecodeLoop::Run(Job& job) {
+  Outcome out;
+  const Clock::time_point start = Clock::now();
+  out.stats.queue_seconds = Seconds(start - job.arrival);
+  metrics_->ObserveQueueWait(out.stats.queue_seconds);
+  if (!job.cancelled() && start >= job.deadline) job.Cancel(CancelReason::kDeadline);
+  if (job.cancelled()) {
+    out.reason = FinishReason::kCancelled;
+  } else {
+    out.reason = Generate(job, &out.stats, &out.error);
+  }
+  if (out.reason == FinishReason::kCancelled) metrics_->CountCancellation(job.cancel_reason());
+  out.stats.total_seconds = Seconds(Clock::now() - job.arrival);
+  metrics_->ObserveRequestDuration(out.stats.total_seconds);
+  return out;
+}
+
+FinishReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* error) {
+  const GenerationRequest& r = job.request;
+  const ServedModel& served = *job.model;
+  const Tokenizer& tok = served.tokenizer();
+  Session& session = *sessions_[served.index];
+  const int32_t n_vocab = static_cast<int32_t>(served.model->hparams().n_vocab);
+
+  session.Reset();
+  stats->prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  if (absl::Status s = session.Eval(r.prompt); !s.ok()) {
+    *error = s;
+    return FinishReason::kError;
+  }
+  metrics_->AddPromptTokens(stats->prompt_tokens);
+
+  Sampler sampler(r.sampling, n_vocab);
+  // Generated text continues the prompt: the detokenizer sees the prompt first, as the
+  // engine's Generate does, so the two give the same text.
+  StreamingDetokenizer detok(tok);
+  for (int32_t id : r.prompt) detok.Push(id);
+  history_.assign(r.prompt.begin(), r.prompt.end());
+  stops_ = r.stop;
+  stop_.Reset(&stops_);
+  pending_logprobs_.clear();
+  produced_ = 0;
+
+  FinishReason reason = FinishReason::kLength;
+  Clock::time_point last = Clock::now();
+  for (int32_t i = 0; i < r.max_tokens; ++i) {
+    float* logits = session.mutable_logits();
+    if (r.logprobs) std::copy_n(logits, n_vocab, raw_logits_.data());
+    for (const auto& [id, bias] : r.logit_bias) logits[id] += bias;
+    const int32_t id = sampler.Sample(logits, history_);
+    if (!r.ignore_eos && (tok.IsEndOfGeneration(id) || Contains(r.stop_tokens, id))) {
+      reason = FinishReason::kStop;
+      break;
+    }
+    history_.push_back(id);
+    ++stats->completion_tokens;
+    metrics_->AddGeneratedToken();
+    const Clock::time_point now = Clock::now();
+    if (i == 0) {
+      stats->ttft_seconds = Seconds(now - job.arrival);
+      metrics_->ObserveTimeToFirstToken(stats->ttft_seconds);
+    } else {
+      metrics_->ObserveInterToken(Seconds(now - last));
+    }
+    last = now;
+
+    const std::string text = detok.Push(id);
+    if (r.logprobs) {
+      TokenLogprobs& lp = pending_logprobs_.emplace_back();
+      const absl::Span<const float> raw(raw_logits_.data(), n_vocab);
+      lp.id = id;
+      lp.logprob = Sampler::Logprob(raw, id);
+      lp.text_offset = produced_;
+      if (r.top_logprobs > 0) Sampler::TopLogprobs(raw, r.top_logprobs, &lp.top);
+    }
+    produced_ += text.size();
+    bool stopped = false;
+    const std::string_view out = stop_.Push(text, &stopped);
+    Emit(job, out, /*final=*/stopped);
+    if (stopped) return FinishReason::kStop;
+    if (job.cancelled()) return FinishReason::kCancelled;
+    if (now >= job.deadline) {
+      job.Cancel(CancelReason::kDeadline);
+      return FinishReason::kCancelled;
+    }
+    if (i + 1 == r.max_tokens || session.n_past() >= session.n_ctx()) break;
+    if (options_.decode_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.decode_delay_ms));
+    }
+    if (absl::Status s = session.Eval({&id, 1}); !s.ok()) {
+      *error = s;
+      return FinishReason::kError;
+    }
+  }
+  // Bytes the detokenizer still holds may complete a stop string too.
+  bool stopped = false;
+  const std::string tail = detok.Flush();
+  std::string_view out = stop_.Push(tail, &stopped);
+  if (!stopped) {
+    std::string rest(out);
+    rest += stop_.Flush();
+    Emit(job, rest, /*final=*/true);
+  } else {
+    Emit(job, out, /*final=*/true);
+    reason = FinishReason::kStop;
+  }
+  return reason;
+}
+
+void DecodeLoop::Emit(Job& job, std::string_view text, bool final) {
+  size_t ready = 0;
+  if (final) {
+    // Tokens that start before the end of the emitted text (a stop string may cut the last).
+    while (ready < pending_logprobs_.size() &&
+           pending_logprobs_[ready].text_offset < stop_.emitted()) {
+      ++ready;
+    }
+    if (stop_.emitted() == produced_) ready = pending_logprobs_.size();
+  } else {
+    // Tokens whose text has been emitted entirely.
+    while (ready < pending_logprobs_.size()) {
+      const size_t end = ready + 1 < pending_logprobs_.size()
+                             ? pending_logprobs_[ready + 1].text_offset
+                             : produced_;
+      if (end > stop_.emitted()) break;
+      ++ready;
+    }
+  }
+  if (text.empty() && ready == 0) return;
+  job.sink->OnDelta(text, absl::Span<const TokenLogprobs>(pending_logprobs_.data(), ready));
+  pending_logprobs_.erase(pending_logprobs_.begin(), pending_logprobs_.begin() + ready);
+}
+
+}  // namespace thermocline::server

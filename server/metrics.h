@@ -1,0 +1,68 @@
+// Prometheus metrics of the daemon, rendered in the text exposition format at GET /metrics.
+// Updates are lock-free atomics except the labelled request counter (one map insert per new
+// label set, under a mutex, once per request, never per token). All methods are thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace thermocline::server {
+
+// Cumulative histogram over fixed upper bounds (seconds).
+class Histogram {
+ public:
+  static constexpr size_t kBuckets = 14;
+  explicit Histogram(const std::array<double, kBuckets>& bounds) : bounds_(bounds) {}
+  void Observe(double seconds);
+  void Render(const std::string& name, const std::string& help, std::string* out) const;
+
+ private:
+  std::array<double, kBuckets> bounds_;
+  std::array<std::atomic<uint64_t>, kBuckets + 1> counts_{};  // last: +Inf
+  std::atomic<uint64_t> sum_ns_{0};
+};
+
+enum class CancelReason { kClientGone, kDeadline, kShutdown };
+const char* CancelReasonName(CancelReason r);
+
+class Metrics {
+ public:
+  Metrics();
+
+  void CountRequest(const std::string& endpoint, int status);
+  void AddPromptTokens(int64_t n) { prompt_tokens_ += n; }
+  void AddGeneratedToken() { generated_tokens_.fetch_add(1, std::memory_order_relaxed); }
+  void ObserveTimeToFirstToken(double s) { ttft_.Observe(s); }
+  void ObserveInterToken(double s) { inter_token_.Observe(s); }
+  void ObserveRequestDuration(double s) { duration_.Observe(s); }
+  void ObserveQueueWait(double s) { queue_wait_.Observe(s); }
+  void CountCancellation(CancelReason r) { cancellations_[static_cast<int>(r)]++; }
+  void CountRejection() { rejected_queue_full_++; }
+  void SetQueueDepth(int64_t n) { queue_depth_ = n; }
+  void AddBusySlots(int64_t d) { busy_slots_ += d; }
+  void SetSlots(int64_t n) { slots_ = n; }
+  void SetModelsReady(int64_t n) { models_ready_ = n; }
+
+  int64_t cancellations(CancelReason r) const { return cancellations_[static_cast<int>(r)]; }
+  std::string Render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;  // (endpoint, status)
+  std::atomic<int64_t> prompt_tokens_{0};
+  std::atomic<int64_t> generated_tokens_{0};
+  Histogram ttft_, inter_token_, duration_, queue_wait_;
+  std::array<std::atomic<int64_t>, 3> cancellations_{};
+  std::atomic<int64_t> rejected_queue_full_{0};
+  std::atomic<int64_t> queue_depth_{0};
+  std::atomic<int64_t> busy_slots_{0};
+  std::atomic<int64_t> slots_{0};
+  std::atomic<int64_t> models_ready_{0};
+};
+
+}  // namespace thermocline::server

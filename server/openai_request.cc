@@ -1,0 +1,319 @@
+#include "server/openai_request.h"
+
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/errors.h"
+
+namespace thermocline::server {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kMaxDepth = 64;
+
+absl::Status WrongType(const std::string& param, const char* expected) {
+  return InvalidRequest(param, "invalid_type",
+                        absl::StrCat("'", param, "' must be ", expected));
+}
+
+const json* Field(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::Status GetDouble(const json& body, const char* key, std::optional<double>* out) {
+  const json* v = Field(body, key);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number()) return WrongType(key, "a number");
+  *out = v->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status GetInt(const json& body, const char* key, std::optional<int64_t>* out) {
+  const json* v = Field(body, key);
+  if (v == nullptr) return absl::OkStatus();
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    // Seeds may use the whole 64 bits; other fields are range-checked later.
+    *out = static_cast<int64_t>(u);
+    return absl::OkStatus();
+  }
+  if (v->is_number_integer()) {
+    *out = v->get<int64_t>();
+    return absl::OkStatus();
+  }
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (d == static_cast<double>(static_cast<int64_t>(d)) && std::abs(d) < 9e15) {
+      *out = static_cast<int64_t>(d);
+      return absl::OkStatus();
+    }
+  }
+  return WrongType(key, "an integer");
+}
+
+absl::Status GetBool(const json& body, const char* key, bool* out) {
+  const json* v = Field(body, key);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_boolean()) return WrongType(key, "a boolean");
+  *out = v->get<bool>();
+  return absl::OkStatus();
+}
+
+// A string, or an array of text parts [{"type":"text","text":...}].
+absl::Status MessageContent(const json& v, const std::string& param, std::string* out) {
+  if (v.is_string()) {
+    *out = v.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!v.is_array()) return WrongType(param, "a string or an array of content parts");
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& part = v[i];
+    const std::string p = absl::StrCat(param, "[", i, "]");
+    if (!part.is_object()) return WrongType(p, "an object");
+    const json* type = Field(part, "type");
+    if (type == nullptr || !type->is_string()) {
+      return InvalidRequest(p + ".type", "missing_required_parameter",
+                            absl::StrCat("'", p, ".type' is required"));
+    }
+    if (*type != "text") {
+      return InvalidRequest(p + ".type", "unsupported_value",
+                            absl::StrCat("content parts of type '", type->get<std::string>(),
+                                         "' are not supported; only 'text' is"));
+    }
+    const json* text = Field(part, "text");
+    if (text == nullptr || !text->is_string()) return WrongType(p + ".text", "a string");
+    *out += text->get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Messages(const json& body, GenerationSpec* spec) {
+  const json* msgs = Field(body, "messages");
+  if (msgs == nullptr) {
+    return InvalidRequest("messages", "missing_required_parameter", "'messages' is required");
+  }
+  if (!msgs->is_array()) return WrongType("messages", "an array");
+  if (msgs->empty()) {
+    return InvalidRequest("messages", "invalid_value", "'messages' must not be empty");
+  }
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string p = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return WrongType(p, "an object");
+    const json* role = Field(m, "role");
+    if (role == nullptr) {
+      return InvalidRequest(p + ".role", "missing_required_parameter",
+                            absl::StrCat("'", p, ".role' is required"));
+    }
+    if (!role->is_string()) return WrongType(p + ".role", "a string");
+    ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role == "developer") msg.role = "system";
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+        msg.role != "tool") {
+      return InvalidRequest(p + ".role", "invalid_value",
+                            absl::StrCat("role '", msg.role,
+                                         "' is not one of system, developer, user, assistant, tool"));
+    }
+    const json* content = Field(m, "content");
+    if (content == nullptr) {
+      if (msg.role != "assistant") {
+        return InvalidRequest(p + ".content", "missing_required_parameter",
+                              absl::StrCat("'", p, ".content' is required"));
+      }
+    } else if (absl::Status s = MessageContent(*content, p + ".content", &msg.content); !s.ok()) {
+      return s;
+    }
+    spec->messages.push_back(std::move(msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TokenIds(const json& v, const char* param, std::vector<int64_t>* out) {
+  for (const json& t : v) {
+    if (!t.is_number_integer()) return WrongType(param, "a string or an array of token ids");
+    out->push_back(t.get<int64_t>());
+  }
+  return absl::OkStatus();
+}
+
+// A string, [string], [ids], or [[ids]]; several prompts in one request are not supported.
+absl::Status Prompt(const json& body, GenerationSpec* spec) {
+  const json* p = Field(body, "prompt");
+  if (p == nullptr) {
+    return InvalidRequest("prompt", "missing_required_parameter", "'prompt' is required");
+  }
+  if (p->is_string()) {
+    spec->prompt_text = p->get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!p->is_array() || p->empty()) {
+    return WrongType("prompt", "a string, an array of strings or an array of token ids");
+  }
+  const json& first = (*p)[0];
+  if (first.is_number_integer()) {
+    spec->prompt_ids.emplace();
+    return TokenIds(*p, "prompt", &*spec->prompt_ids);
+  }
+  if (p->size() > 1) {
+    return InvalidRequest("prompt", "unsupported_value",
+                          "several prompts in one request are not supported; send one each");
+  }
+  if (first.is_string()) {
+    spec->prompt_text = first.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (first.is_array() && !first.empty()) {
+    spec->prompt_ids.emplace();
+    return TokenIds(first, "prompt", &*spec->prompt_ids);
+  }
+  return WrongType("prompt", "a string, an array of strings or an array of token ids");
+}
+
+absl::Status Stop(const json& body, GenerationSpec* spec) {
+  const json* s = Field(body, "stop");
+  if (s == nullptr) return absl::OkStatus();
+  if (s->is_string()) {
+    spec->stop.push_back(s->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!s->is_array()) return WrongType("stop", "a string or an array of strings");
+  for (const json& item : *s) {
+    if (!item.is_string()) return WrongType("stop", "a string or an array of strings");
+    spec->stop.push_back(item.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LogitBias(const json& body, GenerationSpec* spec) {
+  const json* b = Field(body, "logit_bias");
+  if (b == nullptr) return absl::OkStatus();
+  if (!b->is_object()) return WrongType("logit_bias", "an object mapping token ids to numbers");
+  for (const auto& [key, value] : b->items()) {
+    int64_t id;
+    if (!absl::SimpleAtoi(key, &id) || !value.is_number()) {
+      return WrongType("logit_bias", "an object mapping token ids to numbers");
+    }
+    spec->logit_bias.emplace_back(id, value.get<double>());
+  }
+  return absl::OkStatus();
+}
+
+// Chat: "logprobs": bool. Completions: "logprobs": integer count of alternatives (0..5 in the
+// OpenAI API; true is taken as 0).
+absl::Status Logprobs(const json& body, GenerationSpec* spec) {
+  const json* lp = Field(body, "logprobs");
+  if (spec->kind == ApiKind::kChat || lp == nullptr || lp->is_boolean()) {
+    if (absl::Status s = GetBool(body, "logprobs", &spec->logprobs); !s.ok()) return s;
+    return GetInt(body, "top_logprobs", &spec->top_logprobs);
+  }
+  std::optional<int64_t> n;
+  if (absl::Status s = GetInt(body, "logprobs", &n); !s.ok()) return s;
+  spec->logprobs = true;
+  spec->top_logprobs = n;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<json> ParseJsonObject(std::string_view body) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxDepth) {
+        return InvalidRequest("", "invalid_json",
+                              absl::StrCat("the JSON body nests deeper than ", kMaxDepth, " levels"));
+      }
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return InvalidRequest("", "invalid_json", "the request body is not valid JSON");
+  }
+  if (!j.is_object()) {
+    return InvalidRequest("", "invalid_json", "the request body must be a JSON object");
+  }
+  return j;
+}
+
+absl::StatusOr<std::string> RequestedModel(const json& body) {
+  const json* m = Field(body, "model");
+  if (m == nullptr) {
+    return InvalidRequest("model", "missing_required_parameter", "'model' is required");
+  }
+  if (!m->is_string()) return WrongType("model", "a string");
+  return m->get<std::string>();
+}
+
+absl::StatusOr<GenerationSpec> SpecFromOpenAi(const json& body, ApiKind kind) {
+  GenerationSpec spec;
+  spec.kind = kind;
+  auto model = RequestedModel(body);
+  if (!model.ok()) return model.status();
+  spec.model = *model;
+  absl::Status s = kind == ApiKind::kChat ? Messages(body, &spec) : Prompt(body, &spec);
+  if (!s.ok()) return s;
+  std::optional<int64_t> max_completion_tokens, best_of;
+  for (absl::Status st : {
+           GetDouble(body, "temperature", &spec.temperature),
+           GetDouble(body, "top_p", &spec.top_p),
+           GetDouble(body, "min_p", &spec.min_p),
+           GetDouble(body, "repeat_penalty", &spec.repeat_penalty),
+           GetDouble(body, "presence_penalty", &spec.presence_penalty),
+           GetDouble(body, "frequency_penalty", &spec.frequency_penalty),
+           GetInt(body, "top_k", &spec.top_k),
+           GetInt(body, "seed", &spec.seed),
+           GetInt(body, "max_tokens", &spec.max_tokens),
+           GetInt(body, "max_completion_tokens", &max_completion_tokens),
+           GetInt(body, "n", &spec.n),
+           GetInt(body, "best_of", &best_of),
+           GetInt(body, "penalty_last_n", &spec.penalty_last_n),
+           GetBool(body, "ignore_eos", &spec.ignore_eos),
+           GetBool(body, "stream", &spec.stream),
+           Stop(body, &spec),
+           LogitBias(body, &spec),
+           Logprobs(body, &spec),
+       }) {
+    if (!st.ok()) return st;
+  }
+  if (max_completion_tokens) {
+    spec.max_tokens = max_completion_tokens;
+    spec.max_tokens_field = "max_completion_tokens";
+  }
+  if (best_of && *best_of != 1) {
+    return InvalidRequest("best_of", "unsupported_value", "only best_of = 1 is supported");
+  }
+  if (const json* echo = Field(body, "echo"); echo != nullptr && *echo == true) {
+    return InvalidRequest("echo", "unsupported_value", "echo is not supported");
+  }
+  if (const json* opts = Field(body, "stream_options")) {
+    if (!opts->is_object()) return WrongType("stream_options", "an object");
+    if (absl::Status st = GetBool(*opts, "include_usage", &spec.include_usage); !st.ok()) {
+      return InvalidRequest("stream_options.include_usage", "invalid_type",
+                            "'stream_options.include_usage' must be a boolean");
+    }
+  }
+  if (const json* fmt = Field(body, "response_format")) {
+    const json* type = fmt->is_object() ? Field(*fmt, "type") : nullptr;
+    if (type == nullptr || *type != "text") {
+      return InvalidRequest("response_format", "unsupported_value",
+                            "only response_format {\"type\": \"text\"} is supported");
+    }
+  }
+  return spec;
+}
+
+}  // namespace thermocline::server

@@ -1,0 +1,23 @@
+// The OpenAI wire format of requests: JSON bodies of /v1/chat/completions, /v1/completions,
+// /tokenize and /detokenize turned into front-end-neutral specs, with types checked and the
+// field at fault named. Unknown fields are ignored; null counts as absent.
+#pragma once
+
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "server/request_builder.h"
+
+namespace thermocline::server {
+
+// Parses a body that must be a JSON object. Nesting deeper than 64 levels is refused before
+// parsing, so no body can exhaust the stack.
+absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view body);
+
+// The "model" field (required, a string).
+absl::StatusOr<std::string> RequestedModel(const nlohmann::json& body);
+
+absl::StatusOr<GenerationSpec> SpecFromOpenAi(const nlohmann::json& body, ApiKind kind);
+
+}  // namespace thermocline::server

@@ -1,0 +1,43 @@
+// Validation and resolution of a generation request, shared by every front end: a front end
+// extracts a GenerationSpec from its wire format (types checked there), and BuildRequest checks
+// ranges, renders the chat template, tokenizes, checks the context and fills the native
+// GenerationRequest. Errors are the statuses of server/errors.h naming the field at fault.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/chat_template.h"
+#include "server/config.h"
+#include "server/model_registry.h"
+#include "server/request.h"
+
+namespace thermocline::server {
+
+struct GenerationSpec {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string model;
+  std::vector<ChatMessage> messages;             // chat
+  std::optional<std::string> prompt_text;        // completion
+  std::optional<std::vector<int64_t>> prompt_ids;  // completion given as token ids
+  std::optional<double> temperature, top_p, min_p, repeat_penalty, presence_penalty,
+      frequency_penalty;
+  std::optional<int64_t> top_k, seed, max_tokens, n, top_logprobs, penalty_last_n;
+  std::string max_tokens_field = "max_tokens";  // the wire name it came from, for errors
+  std::vector<std::string> stop;
+  std::vector<std::pair<int64_t, double>> logit_bias;
+  bool logprobs = false;
+  bool ignore_eos = false;
+  bool stream = false;
+  bool include_usage = false;
+};
+
+absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec,
+                                               const ServedModel& model,
+                                               const ServerConfig& config);
+
+}  // namespace thermocline::server

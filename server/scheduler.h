@@ -1,0 +1,60 @@
+// The schedule step: a bounded FIFO queue of jobs feeding N slots. Each slot is a thread with
+// its own DecodeLoop (thread pool + one KV cache per model over the shared weights). The
+// scheduler decides which job runs where and when; it never touches tensors.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/config.h"
+#include "server/decode_loop.h"
+#include "server/job.h"
+#include "server/metrics.h"
+#include "server/model_registry.h"
+
+namespace thermocline::server {
+
+class Scheduler {
+ public:
+  Scheduler(const ServerConfig& config, Metrics* metrics);
+  ~Scheduler();  // Shutdown()
+
+  // Creates the slots' sessions for the (ready) models and starts the slot threads.
+  absl::Status Start(const ModelRegistry& registry);
+
+  // Queues a job. Unavailable("queue_full") when the queue is full, ("shutting_down") after
+  // Shutdown. Once accepted, the job's sink gets OnFinish exactly once, later. Thread-safe.
+  absl::Status Submit(std::shared_ptr<Job> job);
+  // A queued job is removed and finished (kCancelled) on the calling thread; a running one
+  // stops after its current token. Thread-safe; a finished job is left alone.
+  void Cancel(const std::shared_ptr<Job>& job, CancelReason reason);
+  // Cancels everything queued and running (the end of a graceful shutdown's budget).
+  void CancelAll(CancelReason reason);
+  // Refuses new jobs, lets the slots finish the queue, joins the slot threads.
+  void Shutdown();
+
+  int queued() const;
+  int busy() const;
+
+ private:
+  void SlotMain(int slot);
+  void FinishUnrun(const std::shared_ptr<Job>& job, CancelReason reason);
+
+  const ServerConfig& config_;
+  Metrics* metrics_;
+  std::vector<std::unique_ptr<DecodeLoop>> loops_;
+  std::vector<std::thread> threads_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::vector<std::shared_ptr<Job>> running_;  // per slot; null when idle
+  bool stopping_ = false;
+};
+
+}  // namespace thermocline::server

@@ -1,0 +1,85 @@
+#include "server/sinks.h"
+
+#include "server/errors.h"
+
+namespace thermocline::server {
+
+void CollectingSink::OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) {
+  text_.append(text);
+  logprobs_.insert(logprobs_.end(), logprobs.begin(), logprobs.end());
+}
+
+void CollectingSink::OnFinish(FinishReason reason, CancelReason cancel,
+                              const GenerationStats& stats, const absl::Status& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reason_ = reason;
+  cancel_ = cancel;
+  stats_ = stats;
+  error_ = error;
+  done_ = true;
+  done_cv_.notify_all();
+}
+
+void CollectingSink::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return done_; });
+}
+
+SseSink::SseSink(ResponseMeta meta) : meta_(std::move(meta)) {
+  buffer_.reserve(4096);
+  if (meta_.kind == ApiKind::kChat) AppendRoleEvent(meta_, &buffer_);
+}
+
+template <typename F>
+void SseSink::Produce(F&& append) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return buffer_.size() < kMaxBuffered || abandoned_; });
+  if (abandoned_) return;
+  const bool was_empty = buffer_.empty();
+  append(&buffer_);
+  if (was_empty) cv_.notify_all();
+}
+
+void SseSink::OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) {
+  Produce([&](std::string* b) { AppendDeltaEvent(meta_, text, logprobs, b); });
+}
+
+void SseSink::OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
+                       const absl::Status& error) {
+  Produce([&](std::string* b) {
+    if (reason == FinishReason::kError) {
+      AppendErrorEvent(ToApiError(error), b);
+    } else if (reason == FinishReason::kCancelled && cancel == CancelReason::kShutdown) {
+      AppendErrorEvent(ToApiError(Unavailable("shutting_down",
+                                              "the server shut down before the end")),
+                       b);
+    } else if (reason != FinishReason::kCancelled || cancel == CancelReason::kDeadline) {
+      AppendFinishEvent(meta_, FinishReasonText(reason), b);
+      if (meta_.include_usage) AppendUsageEvent(meta_, stats, b);
+      AppendDoneEvent(b);
+    }
+  });
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = stats;
+  finished_ = true;
+  cv_.notify_all();
+}
+
+bool SseSink::Take(std::string* out) {
+  out->clear();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !buffer_.empty() || finished_; });
+  if (buffer_.empty()) return false;
+  out->swap(buffer_);
+  cv_.notify_all();  // a producer may be waiting for room
+  return true;
+}
+
+void SseSink::Abandon() {
+  std::lock_guard<std::mutex> lock(mu_);
+  abandoned_ = true;
+  buffer_.clear();
+  cv_.notify_all();
+}
+
+}  // namespace thermocline::server

@@ -1,0 +1,141 @@
+// The `thermocline` binary driven as a user would: exit codes, --json outputs, error messages.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+
+#include "model_fixtures.h"
+
+namespace thermocline {
+namespace {
+
+using testing::TestModelPath;
+
+struct Result {
+  int exit_code;
+  std::string out;  // stdout and stderr
+};
+
+Result Run(const std::string& args) {
+  const std::string cmd = testing::ThermoclineBinary() + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  Result r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+nlohmann::json JsonOf(const Result& r) {
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  // Progress or notes may precede the object on stderr; the object is the last thing printed.
+  const size_t start = r.out.find("\n{") == std::string::npos ? r.out.find('{')
+                                                               : r.out.find("\n{") + 1;
+  REQUIRE(start != std::string::npos);
+  return nlohmann::json::parse(r.out.substr(start));
+}
+
+TEST_CASE("generate --json gives the reference greedy tokens", "[cli]") {
+  const nlohmann::json ref = testing::LoadReference("stories260K.reference.json");
+  const nlohmann::json& p = ref["prompts"][0];
+  const Result r = Run("generate -m " + TestModelPath("stories260K.gguf") +
+                       " -p 'Once upon a time' -n 48 --temp 0 --ignore-eos --threads 2 --json");
+  const nlohmann::json j = JsonOf(r);
+  CHECK(j["prompt_tokens"] == p["prompt_ids"]);
+  CHECK(j["tokens"] == p["greedy_ids"]);
+  CHECK(j["text"] == p["greedy_text"]);  // the first piece is ",": no leading space to differ
+  CHECK(j["decode_tokens_per_s"].get<double>() > 0);
+  CHECK(j["prompt_tokens_per_s"].get<double>() > 0);
+}
+
+TEST_CASE("generate streams text and seeds make sampling reproducible", "[cli]") {
+  const std::string base = "generate -m " + TestModelPath("stories260K.gguf") +
+                           " -p 'The cat' -n 24 --temp 0.9 --top-k 20 --json --seed ";
+  const nlohmann::json a = JsonOf(Run(base + "7"));
+  const nlohmann::json b = JsonOf(Run(base + "7"));
+  const nlohmann::json c = JsonOf(Run(base + "8"));
+  CHECK(a["tokens"] == b["tokens"]);
+  CHECK(a["tokens"] != c["tokens"]);
+  const Result text = Run("generate -m " + TestModelPath("stories260K.gguf") +
+                          " -p 'Once upon a time' -n 16 --temp 0");
+  REQUIRE(text.exit_code == 0);
+  CHECK_THAT(text.out, Catch::StartsWith("Once upon a time, there was a little girl"));
+}
+
+TEST_CASE("command line errors are clear", "[cli]") {
+  Result r = Run("generate -p hi");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("--model"));
+  r = Run("generate -m " + TestModelPath("stories260K.gguf") + " -p hi --temp abc");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("--temp"));
+  r = Run("generate -m " + TestModelPath("stories260K.gguf") + " -p hi --bogus");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("unknown option --bogus"));
+  r = Run("generate -m /nonexistent.gguf -p hi");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.out, Catch::Contains("/nonexistent.gguf"));
+  r = Run("generate -m " + TestModelPath("stories260K.ggufv1-original.gguf") + " -p hi");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.out, Catch::Contains("version 1"));
+  r = Run("frobnicate");
+  CHECK(r.exit_code == 2);
+  r = Run("generate -m " + TestModelPath("relu-tiny.f32.gguf") + " -p hi --activation tanh");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("tanh"));
+}
+
+TEST_CASE("inspect lists metadata and tensors", "[cli]") {
+  const nlohmann::json j = JsonOf(Run("inspect --json " + TestModelPath("relu-tiny.f16.gguf")));
+  CHECK(j["version"] == 3);
+  CHECK(j["metadata"]["llama.feed_forward_activation"] == "relu");
+  bool found = false;
+  for (const auto& t : j["tensors"]) {
+    if (t["name"] == "blk.0.ffn_up.weight") {
+      found = true;
+      CHECK(t["type"] == "f16");
+      CHECK(t["shape"] == nlohmann::json::array({128, 512}));
+    }
+  }
+  CHECK(found);
+  const Result text = Run("inspect " + TestModelPath("stories260K.gguf"));
+  CHECK(text.exit_code == 0);
+  CHECK_THAT(text.out, Catch::Contains("general.architecture"));
+}
+
+TEST_CASE("perplexity --json prints ppl", "[cli]") {
+  const nlohmann::json j =
+      JsonOf(Run("perplexity -m " + TestModelPath("stories260K.gguf") + " -f " +
+                 TestModelPath("stories260K.ppl-sample.txt") + " --ctx 128 --json"));
+  CHECK(std::abs(j["ppl"].get<double>() / 2.2991 - 1) < 0.005);
+}
+
+TEST_CASE("synth, quantize and bench work together", "[cli]") {
+  const std::string dir = testing::TempDir().string();
+  Result r = Run("synth --layers 2 --embd 128 --ff 352 --heads 4 --kv-heads 2 --vocab 600 "
+                 "--type q8_0 --activation relu -o " + dir + "/synth.gguf");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json info = JsonOf(Run("inspect --json " + dir + "/synth.gguf"));
+  CHECK(info["metadata"]["llama.block_count"] == 2);
+  r = Run("quantize " + dir + "/synth.gguf " + dir + "/synth.q4.gguf --type q4_0");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json bench = JsonOf(Run("bench -m " + dir + "/synth.q4.gguf --prompt-tokens 16 "
+                                          "--gen-tokens 8 --repetitions 2 --threads 2 --json"));
+  CHECK(bench["decode_tokens_per_s"].get<double>() > 0);
+  CHECK(bench["prompt_tokens_per_s"].get<double>() > 0);
+  CHECK(bench["memory_read_gbps"].get<double>() > 0);
+  CHECK(bench["decode_runs"].size() == 2);
+  r = Run("synth --layers 2 --embd 100 --ff 352 --heads 3 --vocab 600 -o " + dir + "/bad.gguf");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.out, Catch::Contains("multiple"));
+}
+
+}  // namespace
+}  // namespace thermocline

@@ -1,0 +1,275 @@
+// Parity harness for ops/kernels.h: every computable type on every ISA this CPU has, against the
+// scalar reference (to_float and from_float bit for bit; dots within a tolerance derived below),
+// plus the half / bfloat16 conversions and ggml's quantizers on hand-computed examples.
+#include "engine/ops/kernels.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/ops/ggml_types.h"
+
+namespace thermocline {
+namespace {
+
+constexpr double kEps = std::numeric_limits<float>::epsilon();
+constexpr GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
+                               GgmlType::kQ4_0};
+
+bool IsQuantized(GgmlType type) { return TypeInfo(type).block_size > 1; }
+
+std::vector<int64_t> Sizes(GgmlType type) {
+  if (IsQuantized(type)) return {32, 64, 96, 160, 544, 4064};
+  return {1, 7, 31, 33, 100, 257, 4097};
+}
+
+std::vector<float> RandomFloats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& f : v) f = dist(rng) * (1.0f + 3.0f * (rng() % 8 == 0));  // some outliers
+  return v;
+}
+
+// Rows of `type` made from random floats with the reference quantizer.
+std::vector<uint8_t> RandomRow(GgmlType type, int64_t n, uint32_t seed) {
+  std::vector<uint8_t> row(RowBytes(type, n));
+  KernelsFor(type, Isa::kScalar)->from_float(RandomFloats(n, seed).data(), row.data(), n);
+  return row;
+}
+
+std::string Label(GgmlType type, Isa isa, int64_t n) {
+  return std::string(TypeName(type)) + " " + IsaName(isa) + " n=" + std::to_string(n);
+}
+
+// How far a SIMD dot may be from the reference (which sums in double, so it is near exact).
+double DotTolerance(GgmlType type, int64_t n, const void* w, const void* x) {
+  const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
+  std::vector<float> wf(static_cast<size_t>(n)), xf(static_cast<size_t>(n));
+  ref.to_float(w, wf.data(), n);
+  KernelsFor(ref.vec_dot_type, Isa::kScalar)->to_float(x, xf.data(), n);
+  if (!IsQuantized(type)) {
+    // The kernels sum in >= 8 float lanes with a few accumulators and a final tree, so every
+    // partial sum goes through at most n / 8 + 32 roundings, each at most eps times a magnitude
+    // bounded by sum |w_i x_i|.
+    double abs_sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) abs_sum += std::fabs(double{wf[i]} * xf[i]);
+    return (static_cast<double>(n) / 8 + 32) * kEps * abs_sum;
+  }
+  // The int8 kernels make weights unsigned (w + offset, offset <= 128) and add the correction
+  // -offset * d_x * sum(x) per block in float: a lane's value d_x * dot + c is rounded (then
+  // scaled by d_w and accumulated, a second rounding) at a magnitude bounded by
+  // |d_w d_x| sum (|w_i| + 2 * 128) |x_i|, not by |w x|. One such step per block and lane.
+  const int64_t nb = n / kQK8_0;
+  double abs_sum = 0.0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float dw = HalfToFloat(*reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w) +
+                                                                    b * TypeInfo(type).type_size));
+    const float dx = HalfToFloat(static_cast<const BlockQ8_0*>(x)[b].d);
+    for (int j = 0; j < kQK8_0; ++j) {
+      const int64_t i = b * kQK8_0 + j;
+      const double wq = dw != 0.0f ? wf[i] / dw : 0.0;  // the integer weight
+      const double xq = dx != 0.0f ? xf[i] / dx : 0.0;
+      abs_sum += std::fabs(double{dw} * dx) * (std::fabs(wq) + 256) * std::fabs(xq);
+    }
+  }
+  return (static_cast<double>(nb) + 32) * 2 * kEps * abs_sum;
+}
+
+TEST_CASE("AvailableIsas starts with scalar and has a table for every type", "[kernels]") {
+  const std::vector<Isa>& isas = AvailableIsas();
+  REQUIRE(!isas.empty());
+  CHECK(isas.front() == Isa::kScalar);
+  CHECK(BestIsa() == isas.back());
+  for (Isa isa : isas) {
+    for (GgmlType type : kTypes) {
+      INFO(Label(type, isa, 0));
+      const TypeKernels* k = KernelsFor(type, isa);
+      REQUIRE(k != nullptr);
+      CHECK(k->vec_dot_type == (IsQuantized(type) ? GgmlType::kQ8_0 : GgmlType::kF32));
+    }
+  }
+  CHECK(KernelsFor(GgmlType::kQ4_K) == nullptr);
+  if (isas.size() == 1) WARN("only the scalar kernels run on this CPU: SIMD parity not tested");
+}
+
+TEST_CASE("to_float and from_float match the reference bit for bit", "[kernels]") {
+  for (GgmlType type : kTypes) {
+    const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
+    for (int64_t n : Sizes(type)) {
+      std::vector<float> src = RandomFloats(n, 7 + static_cast<uint32_t>(n));
+      if (!IsQuantized(type)) {  // edge values for the float rounding paths
+        const float special[] = {
+            0.0f,     -0.0f, INFINITY,      -INFINITY,         NAN,        1e-8f, 6e-8f, 65504.0f,
+            65520.0f, 1e30f, 1.0009765625f, 3.0517578125e-05f, 1.00390625f};
+        for (size_t i = 0; i < sizeof(special) / sizeof(special[0]) && i < src.size(); ++i) {
+          src[i * 3 % src.size()] = special[i];
+        }
+      }
+      std::vector<uint8_t> want(RowBytes(type, n)), got(want.size());
+      std::vector<float> want_f(static_cast<size_t>(n)), got_f(want_f.size());
+      ref.from_float(src.data(), want.data(), n);
+      ref.to_float(want.data(), want_f.data(), n);
+      for (Isa isa : AvailableIsas()) {
+        INFO(Label(type, isa, n));
+        const TypeKernels& k = *KernelsFor(type, isa);
+        k.from_float(src.data(), got.data(), n);
+        CHECK(std::memcmp(want.data(), got.data(), want.size()) == 0);
+        k.to_float(want.data(), got_f.data(), n);
+        CHECK(std::memcmp(want_f.data(), got_f.data(), want_f.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("vec_dot and vec_dot_multi match the reference", "[kernels]") {
+  for (GgmlType type : kTypes) {
+    const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
+    for (int64_t n : Sizes(type)) {
+      const std::vector<uint8_t> w = RandomRow(type, n, 100 + static_cast<uint32_t>(n));
+      // 8 activation rows, with a stride larger than a row to catch stride mix-ups.
+      const size_t x_bytes = RowBytes(ref.vec_dot_type, n);
+      const int64_t x_stride = static_cast<int64_t>(x_bytes + 64);
+      std::vector<uint8_t> x(static_cast<size_t>(8 * x_stride));
+      for (int j = 0; j < 8; ++j) {
+        const std::vector<uint8_t> row = RandomRow(ref.vec_dot_type, n, 200 + j);
+        std::memcpy(x.data() + j * x_stride, row.data(), x_bytes);
+      }
+      float want[8];
+      double tol[8];
+      for (int j = 0; j < 8; ++j) {
+        want[j] = ref.vec_dot(n, w.data(), x.data() + j * x_stride);
+        tol[j] = DotTolerance(type, n, w.data(), x.data() + j * x_stride);
+      }
+      for (Isa isa : AvailableIsas()) {
+        INFO(Label(type, isa, n));
+        const TypeKernels& k = *KernelsFor(type, isa);
+        CHECK(std::fabs(k.vec_dot(n, w.data(), x.data()) - want[0]) <= tol[0]);
+        for (int rows = 1; rows <= 8; ++rows) {
+          float got[8];
+          k.vec_dot_multi(n, w.data(), x.data(), x_stride, rows, got);
+          for (int j = 0; j < rows; ++j) {
+            INFO("k=" << rows << " row " << j << ": " << got[j] << " vs " << want[j]);
+            CHECK(std::fabs(got[j] - want[j]) <= tol[j]);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("HalfToFloat and FloatToHalf round trip every half", "[kernels]") {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    const bool nan = (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0;
+    if (nan) {
+      REQUIRE(std::isnan(f));
+      REQUIRE(FloatToHalf(f) == (h | 0x200));  // NaNs come back quiet, payload kept
+    } else {
+      REQUIRE(FloatToHalf(f) == h);
+    }
+  }
+}
+
+TEST_CASE("FloatToHalf rounds to nearest even", "[kernels]") {
+  // Every tie between two consecutive positive finite halves goes to the even one; just above
+  // or below a tie goes to the nearer one. Covers subnormals, the normal range and overflow.
+  for (uint32_t h = 0; h < 0x7C00; ++h) {
+    const double lo = HalfToFloat(static_cast<uint16_t>(h));
+    const double hi = h + 1 == 0x7C00 ? 65536.0 : HalfToFloat(static_cast<uint16_t>(h + 1));
+    const float mid = static_cast<float>((lo + hi) / 2);  // exact in float
+    REQUIRE(FloatToHalf(mid) == ((h & 1) ? h + 1 : h));
+    REQUIRE(FloatToHalf(std::nextafter(mid, 0.0f)) == h);
+    REQUIRE(FloatToHalf(std::nextafter(mid, INFINITY)) == h + 1);
+    REQUIRE(FloatToHalf(-mid) == (0x8000 | ((h & 1) ? h + 1 : h)));
+  }
+  CHECK(FloatToHalf(1.0f) == 0x3C00);
+  CHECK(FloatToHalf(65504.0f) == 0x7BFF);
+  CHECK(FloatToHalf(65519.0f) == 0x7BFF);
+  CHECK(FloatToHalf(65520.0f) == 0x7C00);  // rounds up to infinity
+  CHECK(FloatToHalf(1e10f) == 0x7C00);
+  CHECK(FloatToHalf(-INFINITY) == 0xFC00);
+  CHECK(FloatToHalf(-0.0f) == 0x8000);
+  CHECK(FloatToHalf(std::ldexp(1.0f, -24)) == 0x0001);  // smallest subnormal
+  CHECK(FloatToHalf(std::ldexp(1.0f, -25)) == 0x0000);  // tie with zero: even
+  CHECK(FloatToHalf(std::ldexp(3.0f, -25)) == 0x0002);  // 1.5 ulp: tie, even
+  CHECK(FloatToHalf(std::ldexp(1.0f, -14)) == 0x0400);  // smallest normal
+  CHECK(FloatToHalf(std::nanf("")) == 0x7E00);
+  CHECK(HalfToFloat(0x7BFF) == 65504.0f);
+  CHECK(HalfToFloat(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(std::isinf(HalfToFloat(0x7C00)));
+}
+
+TEST_CASE("FloatToBf16 rounds to nearest even and keeps NaN quiet", "[kernels]") {
+  CHECK(FloatToBf16(1.0f) == 0x3F80);
+  CHECK(FloatToBf16(1.0f + std::ldexp(1.0f, -8)) == 0x3F80);      // tie: even (down)
+  CHECK(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3F82);  // tie: even (up)
+  CHECK(FloatToBf16(std::nextafter(1.0f + std::ldexp(1.0f, -8), 2.0f)) == 0x3F81);
+  CHECK(FloatToBf16(-2.0f) == 0xC000);
+  CHECK(FloatToBf16(std::numeric_limits<float>::max()) == 0x7F80);  // rounds to infinity
+  CHECK(FloatToBf16(INFINITY) == 0x7F80);
+  uint32_t snan_bits = 0x7F800001;  // signalling NaN: rounding must not turn it into infinity
+  float snan;
+  std::memcpy(&snan, &snan_bits, 4);
+  CHECK(FloatToBf16(snan) == 0x7FC0);
+  for (uint32_t h = 0; h < 65536; ++h) {  // every bfloat16 survives the round trip
+    if ((h & 0x7F80) == 0x7F80 && (h & 0x7F) != 0) continue;  // NaN: quieted
+    REQUIRE(FloatToBf16(Bf16ToFloat(static_cast<uint16_t>(h))) == h);
+  }
+}
+
+TEST_CASE("Q4_0 quantization matches ggml's reference on known blocks", "[kernels]") {
+  const TypeKernels& q4 = *KernelsFor(GgmlType::kQ4_0, Isa::kScalar);
+  float x[32];
+  BlockQ4_0 b;
+  // Values -8..7 twice: the first -8 has the largest magnitude, d = -8 / -8 = 1, and
+  // q = (int)(x / d + 8.5) = x + 8, so byte j holds q(j) | q(j + 16) << 4 = j | j << 4.
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j % 16 - 8);
+  q4.from_float(x, &b, 32);
+  CHECK(b.d == 0x3C00);
+  for (int j = 0; j < 16; ++j) CHECK(b.qs[j] == (j | j << 4));
+  // x = j - 16: max = -16, d = 2, id = 0.5, q = (int)(j / 2 + 0.5) = (j + 1) / 2, capped at 15.
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16);
+  q4.from_float(x, &b, 32);
+  CHECK(b.d == 0x4000);
+  for (int j = 0; j < 16; ++j) CHECK(b.qs[j] == ((j + 1) / 2 | std::min(15, (j + 17) / 2) << 4));
+  // Negated: max = +16, d = -2 and the same quants.
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(16 - j);
+  q4.from_float(x, &b, 32);
+  CHECK(b.d == 0xC000);
+  CHECK(b.qs[0] == (0 | 8 << 4));
+  // All zero: d = 0 / -8 = -0 (fp16 0x8000), id = 0, q = (int)8.5 = 8.
+  for (float& v : x) v = 0.0f;
+  q4.from_float(x, &b, 32);
+  CHECK(b.d == 0x8000);
+  for (int j = 0; j < 16; ++j) CHECK(b.qs[j] == 0x88);
+}
+
+TEST_CASE("Q8_0 quantization matches ggml's reference on known blocks", "[kernels]") {
+  for (Isa isa : AvailableIsas()) {  // the SIMD quantizers are checked here too
+    INFO(IsaName(isa));
+    const TypeKernels& q8 = *KernelsFor(GgmlType::kQ8_0, isa);
+    float x[32] = {127.0f, 2.5f, 0.5f, -0.5f, -1.5f, 1.5f, -2.5f, 0.49999997f, -126.6f};
+    // amax = 127: d = 1, id = 1, q = roundf(x): halves go away from zero.
+    BlockQ8_0 b;
+    q8.from_float(x, &b, 32);
+    CHECK(b.d == 0x3C00);
+    const int want[9] = {127, 3, 1, -1, -2, 2, -3, 0, -127};
+    for (int j = 0; j < 9; ++j) CHECK(b.qs[j] == want[j]);
+    for (int j = 9; j < 32; ++j) CHECK(b.qs[j] == 0);
+    // amax = 254: d = 2, id = 0.5; 5 * 0.5 = 2.5 -> 3; fp16(2) = 0x4000.
+    for (float& v : x) v = 5.0f;
+    x[31] = -254.0f;
+    q8.from_float(x, &b, 32);
+    CHECK(b.d == 0x4000);
+    CHECK(b.qs[0] == 3);
+    CHECK(b.qs[31] == -127);
+  }
+}
+
+}  // namespace
+}  // namespace thermocline

@@ -1,0 +1,145 @@
+// MatMul against its references for every computable type, ISA, token count and thread count.
+// Two checks per output: against the scalar vec_dot on the same converted activations (what
+// MatMul must compute, up to summation order), and against MatMulReference (float activations,
+// so the error of quantizing activations to Q8_0 is part of the bound).
+#include "engine/ops/matmul.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/ops/kernels.h"
+#include "engine/util/thread_pool.h"
+
+namespace thermocline {
+namespace {
+
+constexpr double kEps = std::numeric_limits<float>::epsilon();
+
+struct Matrix {
+  std::vector<uint8_t> data;
+  WeightView view;
+};
+
+Matrix RandomMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(cols));
+  Matrix m;
+  const size_t row_bytes = RowBytes(type, cols);
+  m.data.resize(row_bytes * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& f : row) f = dist(rng);
+    KernelsFor(type, Isa::kScalar)->from_float(row.data(), m.data.data() + r * row_bytes, cols);
+  }
+  m.view = {type, rows, cols, m.data.data(), row_bytes};
+  return m;
+}
+
+void CheckMatMul(GgmlType type, int64_t rows, int64_t cols) {
+  const Matrix w = RandomMatrix(type, rows, cols, 11);
+  const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
+  const TypeKernels& x_ref = *KernelsFor(ref.vec_dot_type, Isa::kScalar);
+  const bool quantized = ref.vec_dot_type != GgmlType::kF32;
+  const int64_t max_tokens = 64;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(max_tokens * cols));
+  for (float& f : x) f = dist(rng);
+
+  // Per output: the scalar vec_dot on converted activations (what MatMul computes, up to
+  // summation order); the bound of kernels_test on its distance to the SIMD kernels (roundings
+  // at magnitudes up to sum |w x| for floats, sum (|w| + 256 |d_w|) |x| for the int8 kernels,
+  // which offset the weights); and, against MatMulReference, the activation quantization error:
+  // half a step of d_x per element plus the fp16 rounding of d_x (at most 127 * 2^-11 d_x),
+  // under 0.6 d_x, times |w|.
+  const size_t x_row_bytes = RowBytes(ref.vec_dot_type, cols);
+  const int64_t block_bytes = TypeInfo(type).type_size;
+  std::vector<uint8_t> xq(x_row_bytes * max_tokens);
+  std::vector<float> xq_f(static_cast<size_t>(cols)), w_f(static_cast<size_t>(cols));
+  std::vector<float> want(static_cast<size_t>(max_tokens * rows));
+  std::vector<double> tol_kernel(want.size()), tol_ref(want.size());
+  for (int64_t t = 0; t < max_tokens; ++t) {
+    x_ref.from_float(x.data() + t * cols, xq.data() + t * x_row_bytes, cols);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    ref.to_float(w.view.row(r), w_f.data(), cols);
+    for (int64_t t = 0; t < max_tokens; ++t) {
+      const uint8_t* xt = xq.data() + t * x_row_bytes;
+      x_ref.to_float(xt, xq_f.data(), cols);
+      double abs_sum = 0.0, offset_sum = 0.0, quant_err = 0.0;
+      for (int64_t i = 0; i < cols; ++i) {
+        abs_sum += std::fabs(double{w_f[i]} * xq_f[i]);
+        if (quantized) {
+          const int64_t b = i / kQK8_0;
+          uint16_t dw_bits;
+          std::memcpy(&dw_bits, w.view.row(r) + b * block_bytes, 2);
+          const double dw = HalfToFloat(dw_bits);
+          const double dx = HalfToFloat(reinterpret_cast<const BlockQ8_0*>(xt)[b].d);
+          offset_sum += (std::fabs(w_f[i]) + 256 * std::fabs(dw)) * std::fabs(xq_f[i]);
+          quant_err += 0.6 * dx * std::fabs(w_f[i]);
+        }
+      }
+      const size_t o = static_cast<size_t>(t * rows + r);
+      want[o] = ref.vec_dot(cols, w.view.row(r), xt);
+      const double roundings = quantized ? cols / kQK8_0 : cols / 8.0;
+      tol_kernel[o] = (roundings + 32) * 2 * kEps * (quantized ? offset_sum : abs_sum);
+      tol_ref[o] = quant_err + tol_kernel[o] + (cols / 8.0 + 32) * 2 * kEps * abs_sum;
+    }
+  }
+  std::vector<float> y_ref(want.size());
+  MatMulReference(w.view, x.data(), max_tokens, y_ref.data());
+
+  MatMulScratch scratch;
+  scratch.Reserve(max_tokens, cols);
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (Isa isa : AvailableIsas()) {
+      for (int64_t n_tokens : {1, 3, 8, 17, 64}) {
+        INFO(TypeName(type) << " " << IsaName(isa) << " rows=" << rows << " cols=" << cols
+                            << " tokens=" << n_tokens << " threads=" << threads);
+        std::vector<float> y(static_cast<size_t>(n_tokens * rows), NAN);
+        MatMul(pool, w.view, x.data(), n_tokens, y.data(), scratch, isa);
+        int bad = 0;
+        for (size_t o = 0; o < y.size(); ++o) {
+          const bool ok = std::fabs(y[o] - want[o]) <= tol_kernel[o] &&
+                          std::fabs(y[o] - y_ref[o]) <= tol_ref[o];
+          if (!ok && bad++ < 3) {
+            FAIL_CHECK("y[" << o / rows << ", " << o % rows << "] = " << y[o] << ", vec_dot "
+                            << want[o] << " (tol " << tol_kernel[o] << "), reference " << y_ref[o]
+                            << " (tol " << tol_ref[o] << ")");
+          }
+        }
+        CHECK(bad == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("MatMul matches its references for every type", "[matmul]") {
+  for (GgmlType type :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    CheckMatMul(type, 37, 96);    // odd rows, odd number of blocks
+    CheckMatMul(type, 160, 544);  // several row blocks per thread
+  }
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    CheckMatMul(type, 48, 2080);  // several column chunks in the tile kernels, 65 blocks
+  }
+  CheckMatMul(GgmlType::kF32, 5, 33);  // float rows need not be a multiple of 32
+}
+
+TEST_CASE("MatMulScratch::Reserve only grows", "[matmul]") {
+  MatMulScratch scratch;
+  scratch.Reserve(8, 2048);
+  const size_t size = scratch.size();
+  CHECK(size >= 8 * 2048 * sizeof(float));
+  scratch.Reserve(1, 64);
+  CHECK(scratch.size() == size);
+}
+
+}  // namespace
+}  // namespace thermocline

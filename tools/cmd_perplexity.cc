@@ -1,0 +1,74 @@
+// thermocline perplexity: llama.cpp-compatible perplexity of a model on a text file.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/perplexity.h"
+#include "nlohmann/json.hpp"
+#include "tools/commands.h"
+
+namespace thermocline::cli {
+
+int RunPerplexity(int argc, char** argv) {
+  auto args = Args::Parse(argc, argv, {"--model", "--file", "--ctx", "--threads", "--activation"},
+                          {"--json", "--help"},
+                          {{"-m", "--model"}, {"-f", "--file"}, {"-c", "--ctx"},
+                           {"-t", "--threads"}, {"-h", "--help"}});
+  if (!args.ok()) return Fail("perplexity", args.status(), true);
+  if (args->Has("--help")) {
+    std::puts("usage: thermocline perplexity -m MODEL -f TEXT [--ctx 512] [--threads N] "
+              "[--activation A] [--json]");
+    return 0;
+  }
+  auto file = args->Get("--file");
+  if (!file) return Fail("perplexity", absl::InvalidArgumentError("--file is required"), true);
+  auto ctx = args->GetInt("--ctx", 512);
+  if (!ctx.ok()) return Fail("perplexity", ctx.status(), true);
+  auto threads = ThreadsFromArgs(*args);
+  if (!threads.ok()) return Fail("perplexity", threads.status(), true);
+  std::ifstream in(*file, std::ios::binary);
+  if (!in) return Fail("perplexity", absl::NotFoundError(absl::StrCat("cannot read ", *file)));
+  std::stringstream text;
+  text << in.rdbuf();
+
+  if (absl::Status s = CheckModelArgs(*args); !s.ok()) return Fail("perplexity", s, true);
+  auto model = LoadModelFromArgs(*args);
+  if (!model.ok()) return Fail("perplexity", model.status());
+  if (*ctx < 4 || *ctx > (*model)->hparams().n_ctx_train) {
+    return Fail("perplexity",
+                absl::InvalidArgumentError(absl::StrCat("--ctx must be in [4, ",
+                                                        (*model)->hparams().n_ctx_train, "]")),
+                true);
+  }
+  ThreadPool pool(*threads);
+  SessionOptions so;
+  so.n_ctx = *ctx;
+  so.max_batch = *ctx;
+  auto session = Session::Create(**model, &pool, so);
+  if (!session.ok()) return Fail("perplexity", session.status());
+  const bool json = args->Has("--json");
+  auto result = ComputePerplexity(**session, text.str(), *ctx, [&](int64_t c, double ppl) {
+    if (!json) {
+      std::printf("[%lld]%.4f,", static_cast<long long>(c + 1), ppl);
+      std::fflush(stdout);
+    }
+  });
+  if (!result.ok()) return Fail("perplexity", result.status());
+  if (json) {
+    nlohmann::json out = {{"ppl", result->ppl},
+                          {"chunks", result->chunk_ppl},
+                          {"ctx", result->n_ctx},
+                          {"tokens_scored", result->tokens_scored},
+                          {"seconds", result->seconds}};
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf("\nppl = %.4f (%lld tokens scored, ctx %lld, %.2f s)\n", result->ppl,
+                static_cast<long long>(result->tokens_scored),
+                static_cast<long long>(result->n_ctx), result->seconds);
+  }
+  return 0;
+}
+
+}  // namespace thermocline::cli

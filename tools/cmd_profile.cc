@@ -1,0 +1,134 @@
+// thermocline profile: dense inference over a corpus (or self-generated text) counting FFN
+// neuron firings, adaptive-rank predictor training, and the sidecar GGUF with REPORT.json and
+// SVG figures.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "offline/pipeline.h"
+#include "tools/commands.h"
+
+namespace thermocline::cli {
+namespace {
+
+constexpr char kUsage[] = R"(usage: thermocline profile -m MODEL [--corpus FILE | --self-generate] -o SIDECAR [options]
+  -m, --model FILE          GGUF model
+  --corpus FILE             profiling text (stories separated by blank lines)
+  --self-generate           profile text the model samples itself (the default without --corpus)
+  --tokens N                tokens to profile (default 4096)
+  -o, --output FILE         sidecar to write (e.g. MODEL.thermo.gguf)
+  --report FILE             REPORT.json: per-layer sparsity, skew80, rank, recall, precision
+  --plots DIR               SVG figures: firing frequency (log-log), recall vs rank
+  --recall R                held-out recall target of every predictor (default 0.99)
+  --budget F                predictors <= F x FFN weight bytes (default 0.10)
+  --samples N               (x, mask) samples kept per layer (default 4096)
+  --epochs N                training epochs per rank tried (default 12)
+  --chunk N                 tokens per profiled sequence (default 256, capped at the context)
+  --target-sparsity S       SwiGLU: fraction of |activation| counted as not firing (default 0.5)
+  --seed S                  sampling and training seed (default 1)
+  -t, --threads N           CPU threads (default: all)
+  --activation A            override the FFN activation: silu | relu | drelu
+  --quiet                   no progress output
+)";
+
+}  // namespace
+
+int RunProfile(int argc, char** argv) {
+  auto args = Args::Parse(argc, argv,
+                          {"--model", "--corpus", "--tokens", "--output", "--report", "--plots",
+                           "--recall", "--budget", "--samples", "--epochs", "--chunk",
+                           "--target-sparsity", "--seed", "--threads", "--activation"},
+                          {"--self-generate", "--quiet", "--help"},
+                          {{"-m", "--model"}, {"-o", "--output"}, {"-t", "--threads"},
+                           {"-h", "--help"}});
+  if (!args.ok()) return Fail("profile", args.status(), true);
+  if (args->Has("--help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!args->Get("--output")) {
+    return Fail("profile", absl::InvalidArgumentError("-o SIDECAR is required"), true);
+  }
+  if (args->Has("--corpus") && args->Has("--self-generate")) {
+    return Fail("profile", absl::InvalidArgumentError("give --corpus or --self-generate, not both"),
+                true);
+  }
+  offline::PipelineOptions o;
+  o.run.corpus_path = args->GetOr("--corpus", "");
+  auto tokens = args->GetInt("--tokens", o.run.tokens);
+  auto samples = args->GetInt("--samples", o.profiler.max_samples);
+  auto epochs = args->GetInt("--epochs", o.predictors.train.epochs);
+  auto chunk = args->GetInt("--chunk", o.run.chunk);
+  auto seed = args->GetInt("--seed", 1);
+  auto recall = args->GetDouble("--recall", o.predictors.train.target_recall);
+  auto budget = args->GetDouble("--budget", o.predictors.budget_fraction);
+  auto target = args->GetDouble("--target-sparsity", o.profiler.target_sparsity);
+  for (auto* v : {&tokens, &samples, &epochs, &chunk, &seed}) {
+    if (!v->ok()) return Fail("profile", v->status(), true);
+  }
+  for (auto* v : {&recall, &budget, &target}) {
+    if (!v->ok()) return Fail("profile", v->status(), true);
+  }
+  if (*recall <= 0 || *recall >= 1 || *budget <= 0 || *target < 0 || *target >= 1 ||
+      *tokens <= 0 || *samples < 16 || *epochs < 1) {
+    return Fail("profile",
+                absl::InvalidArgumentError("--recall and --target-sparsity must be in (0, 1), "
+                                           "--budget > 0, --tokens > 0, --samples >= 16, "
+                                           "--epochs >= 1"),
+                true);
+  }
+  o.run.tokens = *tokens;
+  o.run.chunk = *chunk;
+  o.run.seed = static_cast<uint64_t>(*seed);
+  o.profiler.max_samples = *samples;
+  o.profiler.target_sparsity = *target;
+  o.profiler.seed = static_cast<uint64_t>(*seed) * 7919;
+  o.predictors.train.epochs = static_cast<int>(*epochs);
+  o.predictors.train.target_recall = *recall;
+  o.predictors.train.seed = static_cast<uint64_t>(*seed);
+  o.predictors.budget_fraction = *budget;
+
+  auto threads = ThreadsFromArgs(*args);
+  if (!threads.ok()) return Fail("profile", threads.status(), true);
+  auto model = LoadModelFromArgs(*args);
+  if (!model.ok()) return Fail("profile", model.status());
+  ThreadPool pool(*threads);
+  const std::string model_path = *args->Get("--model");
+  auto result = offline::RunProfilePipeline(
+      **model, std::filesystem::path(model_path).filename().string(), pool, o,
+      args->Has("--quiet") ? nullptr : stderr);
+  if (!result.ok()) return Fail("profile", result.status());
+  const std::string out = *args->Get("--output");
+  if (absl::Status s = offline::WriteSidecar(result->sidecar, out); !s.ok()) {
+    return Fail("profile", s);
+  }
+  const nlohmann::json report = offline::ProfileReportJson(*result);
+  if (auto path = args->Get("--report")) {
+    std::ofstream f(*path);
+    f << report.dump(2) << "\n";
+    if (!f) return Fail("profile", absl::InternalError(absl::StrCat("cannot write ", *path)));
+  }
+  if (auto dir = args->Get("--plots")) {
+    if (absl::Status s = offline::WriteProfilePlots(*result, *dir); !s.ok()) {
+      return Fail("profile", s);
+    }
+  }
+  std::printf("%5s %9s %7s %5s %7s %9s %10s\n", "layer", "sparsity", "skew80", "rank", "recall",
+              "precision", "pred KiB");
+  for (const auto& l : report["layers"]) {
+    std::printf("%5d %9.3f %7.3f %5d %7.4f %9.3f %10.1f\n", l["layer"].get<int>(),
+                l["sparsity"].get<double>(), l["skew80"].get<double>(), l["rank"].get<int>(),
+                l["recall"].get<double>(), l["precision"].get<double>(),
+                l["predictor_bytes"].get<double>() / 1024);
+  }
+  const auto& t = report["totals"];
+  std::printf("%lld tokens profiled in %.1f s, predictors trained in %.1f s: %.1f KiB "
+              "(%.1f%% of FFN weights); sidecar %s\n",
+              static_cast<long long>(result->source.tokens), result->profile_seconds,
+              result->train_seconds, t["predictor_bytes"].get<double>() / 1024,
+              100 * t["predictor_fraction_of_ffn"].get<double>(), out.c_str());
+  return 0;
+}
+
+}  // namespace thermocline::cli

@@ -1,0 +1,107 @@
+// thermocline serve: the daemon with the OpenAI-compatible HTTP API (server/daemon.h).
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/config.h"
+#include "server/daemon.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+#include "tools/commands.h"
+
+namespace thermocline::cli {
+namespace {
+
+constexpr char kUsage[] = R"(usage: thermocline serve [options]
+  --config FILE            TOML configuration (configs/thermocline.toml documents every key)
+  --host HOST              address to bind (default 127.0.0.1)
+  --port N                 port (default 8080; 0 = any free port, printed on stdout)
+  -m, --model PATH[=NAME]  a GGUF model to serve as NAME (default: the file name); repeatable
+  --api-key KEY            require this key (Authorization: Bearer KEY or X-Api-Key: KEY)
+  --slots N                concurrent generations (default 1)
+  --queue N                requests that may wait for a slot (default 16); more get 503
+  -t, --threads N          CPU threads per slot (default: hardware threads / slots)
+  -c, --ctx N              context length of every model (default: the model's)
+  --log-level LEVEL        trace | debug | info | warn | error | off (default info)
+Flags override the config file. SIGINT / SIGTERM stop the daemon gracefully.
+)";
+
+// --model may repeat, which Args does not keep: take every occurrence out first.
+std::vector<std::string> ExtractModels(int* argc, char** argv) {
+  std::vector<std::string> models;
+  int out = 0;
+  for (int i = 0; i < *argc; ++i) {
+    const char* a = argv[i];
+    if ((!std::strcmp(a, "--model") || !std::strcmp(a, "-m")) && i + 1 < *argc) {
+      models.emplace_back(argv[++i]);
+    } else if (!std::strncmp(a, "--model=", 8)) {
+      models.emplace_back(a + 8);
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  *argc = out;
+  return models;
+}
+
+absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
+  if (auto host = args.Get("--host")) c->host = *host;
+  if (auto key = args.Get("--api-key")) c->api_keys = {*key};
+  if (auto level = args.Get("--log-level")) c->log_level = *level;
+  struct IntFlag {
+    const char* flag;
+    int* dst;
+  };
+  for (IntFlag f : {IntFlag{"--port", &c->port}, {"--slots", &c->slots}, {"--queue", &c->queue},
+                    {"--threads", &c->threads_per_slot}}) {
+    if (!args.Has(f.flag)) continue;
+    auto v = args.GetInt(f.flag, 0);
+    if (!v.ok()) return v.status();
+    if (*v < 0 || *v > 1000000) {
+      return absl::InvalidArgumentError(absl::StrCat(f.flag, " ", *v, " is out of range"));
+    }
+    *f.dst = static_cast<int>(*v);
+  }
+  if (args.Has("--ctx")) {
+    auto ctx = args.GetInt("--ctx", 0);
+    if (!ctx.ok()) return ctx.status();
+    for (server::ModelConfig& m : c->models) m.n_ctx = *ctx;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunServe(int argc, char** argv) {
+  const std::vector<std::string> model_flags = ExtractModels(&argc, argv);
+  auto args = Args::Parse(argc, argv,
+                          {"--config", "--host", "--port", "--api-key", "--slots", "--queue",
+                           "--threads", "--ctx", "--log-level"},
+                          {"--help"}, {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
+  if (!args.ok()) return Fail("serve", args.status(), true);
+  if (args->Has("--help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  server::ServerConfig config;
+  if (auto path = args->Get("--config")) {
+    if (absl::Status s = server::LoadConfigFile(*path, &config); !s.ok()) {
+      return Fail("serve", s, true);
+    }
+  }
+  // Models named on the command line replace those of the config file.
+  if (!model_flags.empty()) {
+    config.models.clear();
+    for (const std::string& m : model_flags) config.models.push_back(server::ParseModelFlag(m));
+  }
+  if (absl::Status s = ApplyFlags(*args, &config); !s.ok()) return Fail("serve", s, true);
+  if (absl::Status s = server::FinalizeConfig(&config); !s.ok()) return Fail("serve", s, true);
+  // Logs go to stderr; stdout carries only the "listening on" line.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("thermocline"));
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  if (absl::Status s = server::RunDaemon(config); !s.ok()) return Fail("serve", s);
+  return 0;
+}
+
+}  // namespace thermocline::cli

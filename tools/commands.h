@@ -1,0 +1,35 @@
+// The subcommands of the `thermocline` binary. Each takes the arguments after its name and
+// returns the process exit code (0 ok, 1 failure, 2 usage error).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/llama_model.h"
+#include "tools/args.h"
+
+namespace thermocline::cli {
+
+int RunGenerate(int argc, char** argv);
+int RunInspect(int argc, char** argv);
+int RunPerplexity(int argc, char** argv);
+int RunBench(int argc, char** argv);
+int RunQuantize(int argc, char** argv);
+int RunSynth(int argc, char** argv);
+int RunProfile(int argc, char** argv);  // tools/cmd_profile.cc
+int RunSolve(int argc, char** argv);    // tools/cmd_solve.cc
+int RunServe(int argc, char** argv);  // tools/cmd_serve.cc
+
+// Prints "thermocline <command>: <message>" to stderr; returns 2 for usage errors, else 1.
+int Fail(const std::string& command, const absl::Status& status, bool usage = false);
+
+// Usage errors in --model (required) and --activation, before anything is loaded.
+absl::Status CheckModelArgs(const Args& args);
+// Loads --model with --activation.
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelFromArgs(const Args& args);
+// --threads, default: all hardware threads.
+absl::StatusOr<int> ThreadsFromArgs(const Args& args);
+
+}  // namespace thermocline::cli
