@@ -47,6 +47,7 @@ Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64
   k_.resize(max_batch * h.kv_dim());
   v_.resize(max_batch * h.kv_dim());
   att_out_.resize(max_batch * h.q_dim());
+  ffn_out_.resize(max_batch * h.n_embd);
   scores_.resize(static_cast<size_t>(pool->size()) * n_ctx);
   gate_.resize(max_batch * h.n_ff);
   up_.resize(max_batch * h.n_ff);
@@ -105,14 +106,12 @@ void Session::Forward(const int32_t* tokens, int64_t n, float* all_logits) {
     for (int64_t t = 0; t < n; ++t) {
       RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
     }
-    MatMul(*pool_, L.ffn_gate, xb_.data(), n, gate_.data(), scratch_);
-    MatMul(*pool_, L.ffn_up, xb_.data(), n, up_.data(), scratch_);
-    GatedActivation(h.activation, gate_.data(), up_.data(), n * h.n_ff);
-    if (observer_ != nullptr) {
-      observer_->OnFfn(static_cast<int>(l), x_.data(), d, gate_.data(), h.n_ff, n);
+    if (ffn_backend_ != nullptr) {
+      ffn_backend_->Forward(static_cast<int>(l), x_.data(), xb_.data(), n, ffn_out_.data());
+    } else {
+      DenseFfn(static_cast<int>(l), x_.data(), xb_.data(), n, ffn_out_.data());
     }
-    MatMul(*pool_, L.ffn_down, gate_.data(), n, xb_.data(), scratch_);
-    for (int64_t i = 0; i < n * d; ++i) x_[i] += xb_[i];
+    for (int64_t i = 0; i < n * d; ++i) x_[i] += ffn_out_[i];
   }
 
   // Output head: every row when the caller wants all logits, else only the last token's.
@@ -127,6 +126,16 @@ void Session::Forward(const int32_t* tokens, int64_t n, float* all_logits) {
     MatMul(*pool_, model_.output(), xb_.data() + (n - 1) * d, 1, logits_.data(), scratch_);
   }
   n_past_ += n;
+}
+
+void Session::DenseFfn(int layer, const float* x, const float* xn, int64_t n, float* out) {
+  const LlamaHparams& h = model_.hparams();
+  const LayerWeights& L = model_.layers()[layer];
+  MatMul(*pool_, L.ffn_gate, xn, n, gate_.data(), scratch_);
+  MatMul(*pool_, L.ffn_up, xn, n, up_.data(), scratch_);
+  GatedActivation(h.activation, gate_.data(), up_.data(), n * h.n_ff);
+  if (observer_ != nullptr) observer_->OnFfn(layer, x, h.n_embd, gate_.data(), h.n_ff, n);
+  MatMul(*pool_, L.ffn_down, gate_.data(), n, out, scratch_);
 }
 
 void Session::Attention(int layer, int64_t n) {

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/model/ffn_backend.h"
 #include "engine/model/llama_model.h"
 #include "engine/ops/matmul.h"
 #include "engine/util/thread_pool.h"
@@ -51,6 +52,12 @@ class Session {
   void Truncate(int64_t n) { n_past_ = n < n_past_ ? n : n_past_; }
   void Reset() { n_past_ = 0; }
   void set_ffn_observer(FfnObserver* observer) { observer_ = observer; }
+  // nullptr: the dense FFN. The backend must outlive its use by this session.
+  void set_ffn_backend(FfnBackend* backend) { ffn_backend_ = backend; }
+  FfnBackend* ffn_backend() const { return ffn_backend_; }
+  // The dense FFN of `layer` (the reference every backend is compared to):
+  // out: (n_tokens, n_embd) from xn: (n_tokens, n_embd) after ffn_norm, x before it.
+  void DenseFfn(int layer, const float* x, const float* xn, int64_t n_tokens, float* out);
 
  private:
   Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch);
@@ -63,6 +70,7 @@ class Session {
   const int64_t max_batch_;
   int64_t n_past_ = 0;
   FfnObserver* observer_ = nullptr;
+  FfnBackend* ffn_backend_ = nullptr;
 
   std::vector<float> k_cache_;  // (n_layer, n_ctx, kv_dim)
   std::vector<float> v_cache_;  // (n_layer, n_ctx, kv_dim)
@@ -74,6 +82,7 @@ class Session {
   std::vector<float> k_;        // (max_batch, kv_dim)
   std::vector<float> v_;        // (max_batch, kv_dim)
   std::vector<float> att_out_;  // (max_batch, q_dim)
+  std::vector<float> ffn_out_;  // (max_batch, n_embd)
   std::vector<float> scores_;   // (threads, n_ctx)
   std::vector<float> gate_;     // (max_batch, n_ff)
   std::vector<float> up_;       // (max_batch, n_ff)
