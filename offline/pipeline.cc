@@ -63,7 +63,9 @@ absl::StatusOr<PipelineResult> RunProfilePipeline(const LlamaModel& model,
                                                   FILE* progress_out,
                                                   ProgressCallback callback) {
   PipelineResult r;
-  r.profiler = std::make_unique<ActivationProfiler>(model.hparams(), options.profiler);
+  ProfilerOptions profiler_options = options.profiler;  // no slots for tokens never seen
+  profiler_options.max_samples = std::min(profiler_options.max_samples, options.run.tokens);
+  r.profiler = std::make_unique<ActivationProfiler>(model.hparams(), profiler_options);
   auto t0 = std::chrono::steady_clock::now();
   {
     ProgressReporter progress("profile", progress_out, callback);

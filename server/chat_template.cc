@@ -1,9 +1,9 @@
 #include "server/chat_template.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 
 namespace thermocline::server {
 
@@ -102,8 +102,7 @@ std::string RenderMistral(const Messages& msgs, const ChatSpecialTexts& s) {
 std::string RenderZephyr(const Messages& msgs, const ChatSpecialTexts& s) {
   std::string out;
   for (const ChatMessage& m : msgs) {
-    absl::StrAppend(&out, "<|", m.role == "tool" ? "user" : m.role, "|>\n", m.content, s.eos,
-                    "\n");
+    absl::StrAppend(&out, "<|", m.role == "tool" ? "user" : m.role, "|>\n", m.content, s.eos, "\n");
   }
   out += "<|assistant|>\n";
   return out;
@@ -122,8 +121,7 @@ std::string RenderGemma(const Messages& msgs, const ChatSpecialTexts& s) {
 std::string RenderPhi3(const Messages& msgs, const ChatSpecialTexts&) {
   std::string out;
   for (const ChatMessage& m : msgs) {
-    absl::StrAppend(&out, "<|", m.role == "tool" ? "user" : m.role, "|>\n", m.content,
-                    "<|end|>\n");
+    absl::StrAppend(&out, "<|", m.role == "tool" ? "user" : m.role, "|>\n", m.content, "<|end|>\n");
   }
   out += "<|assistant|>\n";
   return out;
@@ -147,17 +145,32 @@ std::string RenderFallback(const Messages& msgs, const ChatSpecialTexts&) {
 // Detection order matters: the first family whose markers appear wins.
 const std::vector<ChatTemplate::Family>& Families() {
   static const std::vector<ChatTemplate::Family> kFamilies = {
-      {"chatml", [](std::string_view t) { return Has(t, "<|im_start|>"); }, RenderChatMl,
-       "<|im_end|>", {}},
-      {"llama-3", [](std::string_view t) { return Has(t, "<|start_header_id|>"); }, RenderLlama3,
-       "<|eot_id|>", {}},
-      {"gemma", [](std::string_view t) { return Has(t, "<start_of_turn>"); }, RenderGemma,
-       "<end_of_turn>", {}},
-      {"phi-3", [](std::string_view t) { return Has(t, "<|end|>") && Has(t, "<|assistant|>"); },
-       RenderPhi3, "<|end|>", {}},
+      {"chatml",
+       [](std::string_view t) { return Has(t, "<|im_start|>"); },
+       RenderChatMl,
+       "<|im_end|>",
+       {}},
+      {"llama-3",
+       [](std::string_view t) { return Has(t, "<|start_header_id|>"); },
+       RenderLlama3,
+       "<|eot_id|>",
+       {}},
+      {"gemma",
+       [](std::string_view t) { return Has(t, "<start_of_turn>"); },
+       RenderGemma,
+       "<end_of_turn>",
+       {}},
+      {"phi-3",
+       [](std::string_view t) { return Has(t, "<|end|>") && Has(t, "<|assistant|>"); },
+       RenderPhi3,
+       "<|end|>",
+       {}},
       {"zephyr", [](std::string_view t) { return Has(t, "<|user|>"); }, RenderZephyr, "", {}},
-      {"llama-2", [](std::string_view t) { return Has(t, "[INST]") && Has(t, "<<SYS>>"); },
-       RenderLlama2, "", {}},
+      {"llama-2",
+       [](std::string_view t) { return Has(t, "[INST]") && Has(t, "<<SYS>>"); },
+       RenderLlama2,
+       "",
+       {}},
       {"mistral", [](std::string_view t) { return Has(t, "[INST]"); }, RenderMistral, "", {}},
       {"fallback", nullptr, RenderFallback, "", {"\nUser:"}},
   };
@@ -182,7 +195,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::string_view override_name
                      "'; known: ", absl::StrJoin(FamilyNames(), ", ")));
   }
   for (const Family& f : families) {
-    if (f.detect == nullptr || f.detect(template_text)) return ChatTemplate(&f, std::move(specials));
+    if (f.detect == nullptr || f.detect(template_text))
+      return ChatTemplate(&f, std::move(specials));
   }
   return ChatTemplate(&families.back(), std::move(specials));
 }

@@ -1,13 +1,13 @@
 #include "server/config.h"
 
+#include <toml++/toml.h>
+
 #include <filesystem>
 #include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "engine/util/thread_pool.h"
-
-#include <toml++/toml.h>
 
 namespace thermocline::server {
 namespace {
@@ -118,13 +118,13 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   try {
     root = toml::parse_file(path);
   } catch (const toml::parse_error& err) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config ", path, ":", err.source().begin.line, ":", err.source().begin.column, ": ",
-        std::string(err.description())));
+    return absl::InvalidArgumentError(absl::StrCat("config ", path, ":", err.source().begin.line,
+                                                   ":", err.source().begin.column, ": ",
+                                                   std::string(err.description())));
   }
   for (const auto& [k, v] : root) {
     static const std::set<std::string> kSections = {"server", "scheduler", "sampling",
-                                                    "log", "debug", "models"};
+                                                    "log",    "debug",     "models"};
     if (!kSections.count(std::string(k.str()))) {
       return KeyError(std::string(k.str()), "unknown section");
     }
@@ -215,7 +215,7 @@ absl::Status FinalizeConfig(ServerConfig* c) {
   if (absl::Status s = c->sampling.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("[sampling]: ", s.message()));
   }
-  static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn",
+  static const std::set<std::string> kLevels = {"trace", "debug",    "info", "warn",
                                                 "error", "critical", "off"};
   if (!kLevels.count(c->log_level)) {
     return KeyError("log.level", "must be one of trace, debug, info, warn, error, critical, off");
@@ -227,8 +227,8 @@ absl::Status FinalizeConfig(ServerConfig* c) {
   for (ModelConfig& m : c->models) {
     if (m.name.empty()) m.name = std::filesystem::path(m.path).stem().string();
     if (!names.insert(m.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("two models are named '", m.name,
-                                                     "': give one another name (PATH=NAME)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("two models are named '", m.name, "': give one another name (PATH=NAME)"));
     }
     if (m.n_ctx < 0 || m.n_ctx > (int64_t{1} << 20)) {
       return KeyError("models.n_ctx", "must be in [0, 1048576]");

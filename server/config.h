@@ -22,7 +22,7 @@ struct ModelConfig {
 struct ServerConfig {
   // [server]
   std::string host = "127.0.0.1";
-  int port = 8080;  // 0: any free port (printed on stdout)
+  int port = 8080;                    // 0: any free port (printed on stdout)
   std::vector<std::string> api_keys;  // empty: no authentication
   int64_t max_body_bytes = 4 << 20;
   int http_threads = 0;  // 0: slots + queue + 8
@@ -32,11 +32,11 @@ struct ServerConfig {
 
   // [scheduler]
   int slots = 1;
-  int queue = 16;            // requests waiting for a slot beyond this are refused with 503
-  int threads_per_slot = 0;  // 0: hardware threads / slots (at least 1)
+  int queue = 16;                  // requests waiting for a slot beyond this are refused with 503
+  int threads_per_slot = 0;        // 0: hardware threads / slots (at least 1)
   double request_timeout_s = 600;  // deadline from arrival; 0: none
   int retry_after_s = 1;
-  int64_t max_batch = 64;    // prefill chunk
+  int64_t max_batch = 64;  // prefill chunk
 
   // [sampling]: what a request that omits a field gets.
   SamplingParams sampling;

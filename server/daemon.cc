@@ -106,8 +106,13 @@ absl::Status RunDaemon(const ServerConfig& config) {
       if (listen_done.is_set()) return;
     }
     http.SetDraining();
-    http.Stop();
-    if (listen_done.WaitFor(std::chrono::seconds(config.shutdown_timeout_s))) return;
+    // stop() is a no-op until the listener runs (a model can fail before): repeat it.
+    const auto grace_end =
+        std::chrono::steady_clock::now() + std::chrono::seconds(config.shutdown_timeout_s);
+    do {
+      http.Stop();
+      if (listen_done.WaitFor(std::chrono::milliseconds(100))) return;
+    } while (std::chrono::steady_clock::now() < grace_end);
     spdlog::warn("grace period over: cancelling the requests still running");
     do {
       scheduler.CancelAll(CancelReason::kShutdown);

@@ -75,8 +75,7 @@ FinishReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status
   StreamingDetokenizer detok(tok);
   for (int32_t id : r.prompt) detok.Push(id);
   history_.assign(r.prompt.begin(), r.prompt.end());
-  stops_ = r.stop;
-  stop_.Reset(&stops_);
+  stop_.Reset(&r.stop);
   pending_logprobs_.clear();
   produced_ = 0;
 
@@ -115,7 +114,7 @@ FinishReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status
     produced_ += text.size();
     bool stopped = false;
     const std::string_view out = stop_.Push(text, &stopped);
-    Emit(job, out, /*final=*/stopped);
+    if (!Emit(job, out, /*final=*/stopped)) job.Cancel(CancelReason::kClientGone);
     if (stopped) return FinishReason::kStop;
     if (job.cancelled()) return FinishReason::kCancelled;
     if (now >= job.deadline) {
@@ -146,7 +145,7 @@ FinishReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status
   return reason;
 }
 
-void DecodeLoop::Emit(Job& job, std::string_view text, bool final) {
+bool DecodeLoop::Emit(Job& job, std::string_view text, bool final) {
   size_t ready = 0;
   if (final) {
     // Tokens that start before the end of the emitted text (a stop string may cut the last).
@@ -165,9 +164,11 @@ void DecodeLoop::Emit(Job& job, std::string_view text, bool final) {
       ++ready;
     }
   }
-  if (text.empty() && ready == 0) return;
-  job.sink->OnDelta(text, absl::Span<const TokenLogprobs>(pending_logprobs_.data(), ready));
+  if (text.empty() && ready == 0) return true;
+  const bool go_on =
+      job.sink->OnDelta(text, absl::Span<const TokenLogprobs>(pending_logprobs_.data(), ready));
   pending_logprobs_.erase(pending_logprobs_.begin(), pending_logprobs_.begin() + ready);
+  return go_on;
 }
 
 }  // namespace thermocline::server

@@ -42,8 +42,8 @@ class DecodeLoop {
  private:
   FinishReason Generate(Job& job, GenerationStats* stats, absl::Status* error);
   // Emits text and the logprobs of the tokens whose text has been fully emitted (all pending
-  // ones when `final`).
-  void Emit(Job& job, std::string_view text, bool final);
+  // ones when `final`). False when the sink says stop.
+  bool Emit(Job& job, std::string_view text, bool final);
 
   DecodeLoopOptions options_;
   Metrics* metrics_;
@@ -53,7 +53,6 @@ class DecodeLoop {
   std::vector<int32_t> history_;
   std::vector<float> raw_logits_;
   StopMatcher stop_;
-  std::vector<std::string> stops_;
   std::vector<TokenLogprobs> pending_logprobs_;
   size_t produced_ = 0;  // bytes of text generated so far in this job
 };

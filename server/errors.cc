@@ -32,8 +32,8 @@ absl::Status InvalidRequest(std::string_view param, std::string_view code,
 }
 
 absl::Status ContextExceeded(std::string_view message) {
-  return Make(absl::StatusCode::kOutOfRange, "exceed_context_size_error",
-              "context_length_exceeded", "", message);
+  return Make(absl::StatusCode::kOutOfRange, "exceed_context_size_error", "context_length_exceeded",
+              "", message);
 }
 
 absl::Status NotFound(std::string_view code, std::string_view message) {
@@ -85,12 +85,12 @@ ApiError ToApiError(const absl::Status& status) {
 }
 
 std::string ApiErrorJson(const ApiError& error) {
-  nlohmann::json j = {{"error",
-                       {{"message", error.message},
-                        {"type", error.type},
-                        {"code", error.code.empty() ? nlohmann::json() : nlohmann::json(error.code)},
-                        {"param", error.param.empty() ? nlohmann::json()
-                                                      : nlohmann::json(error.param)}}}};
+  nlohmann::json j = {
+      {"error",
+       {{"message", error.message},
+        {"type", error.type},
+        {"code", error.code.empty() ? nlohmann::json() : nlohmann::json(error.code)},
+        {"param", error.param.empty() ? nlohmann::json() : nlohmann::json(error.param)}}}};
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -10,10 +10,10 @@ namespace thermocline::server {
 
 struct AccessRecord {
   std::chrono::steady_clock::time_point start{};
-  int64_t prompt_tokens = -1;      // -1: not a generation request
+  int64_t prompt_tokens = -1;  // -1: not a generation request
   int64_t completion_tokens = -1;
   double ttft_seconds = -1;
-  const char* outcome = "";        // e.g. "client_disconnected"
+  const char* outcome = "";  // e.g. "client_disconnected"
 };
 
 inline AccessRecord& CurrentAccess() {

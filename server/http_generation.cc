@@ -31,7 +31,8 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
   if (!spec.ok()) return SendError(res, spec.status());
   auto model = registry_->Find(spec->model);
   if (!model.ok()) return SendError(res, model.status());
-  if (draining_.load()) return SendError(res, Unavailable("shutting_down", "the server is shutting down"));
+  if (draining_.load())
+    return SendError(res, Unavailable("shutting_down", "the server is shutting down"));
   Scheduler* scheduler = scheduler_.load();
   if (scheduler == nullptr) {
     return SendError(res, Unavailable("model_loading", "the server is starting; retry shortly"));
@@ -61,8 +62,8 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
     access.ttft_seconds = sink->stats().ttft_seconds;
     if (sink->reason() == FinishReason::kError) {
       spdlog::error("generation failed: {}", sink->error().ToString());
-      return SendError(res, absl::InternalError(absl::StrCat("generation failed: ",
-                                                             sink->error().message())));
+      return SendError(
+          res, absl::InternalError(absl::StrCat("generation failed: ", sink->error().message())));
     }
     if (sink->reason() == FinishReason::kCancelled && sink->cancel() != CancelReason::kDeadline) {
       access.outcome = CancelReasonName(sink->cancel());
@@ -105,8 +106,10 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
         return true;
       },
       // Also runs when the provider never did (the client left before the headers went out).
-      [job, scheduler](bool success) {
-        if (!success) scheduler->Cancel(job, CancelReason::kClientGone);
+      [job, sink, scheduler](bool success) {
+        if (success) return;
+        scheduler->Cancel(job, CancelReason::kClientGone);
+        sink->Abandon();
       });
 }
 
@@ -123,16 +126,17 @@ void HttpFrontEnd::HandleTokenize(const httplib::Request& req, httplib::Response
   if (!model.ok()) return SendError(res, model.status());
   const json& content = (*body)["content"];
   if (!content.is_string()) {
-    return SendError(res, InvalidRequest("content", content.is_null() ? "missing_required_parameter"
-                                                                      : "invalid_type",
-                                         "'content' must be a string"));
+    return SendError(
+        res,
+        InvalidRequest("content", content.is_null() ? "missing_required_parameter" : "invalid_type",
+                       "'content' must be a string"));
   }
   bool add_special = false, with_pieces = false;
   for (auto [key, dst] : {std::pair{"add_special", &add_special}, {"with_pieces", &with_pieces}}) {
     if (!body->contains(key) || (*body)[key].is_null()) continue;
     if (!(*body)[key].is_boolean()) {
-      return SendError(res, InvalidRequest(key, "invalid_type",
-                                           absl::StrCat("'", key, "' must be a boolean")));
+      return SendError(
+          res, InvalidRequest(key, "invalid_type", absl::StrCat("'", key, "' must be a boolean")));
     }
     *dst = (*body)[key].get<bool>();
   }
@@ -163,9 +167,10 @@ void HttpFrontEnd::HandleDetokenize(const httplib::Request& req, httplib::Respon
   if (!model.ok()) return SendError(res, model.status());
   const json& tokens = (*body)["tokens"];
   if (!tokens.is_array()) {
-    return SendError(res, InvalidRequest("tokens", tokens.is_null() ? "missing_required_parameter"
-                                                                    : "invalid_type",
-                                         "'tokens' must be an array of token ids"));
+    return SendError(
+        res,
+        InvalidRequest("tokens", tokens.is_null() ? "missing_required_parameter" : "invalid_type",
+                       "'tokens' must be an array of token ids"));
   }
   const Tokenizer& tok = (*model)->tokenizer();
   std::vector<int32_t> ids;

@@ -28,8 +28,9 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 // Route patterns as metric labels: bounded cardinality, whatever paths clients send.
 const char* EndpointLabel(const std::string& method, const std::string& path) {
-  static const char* const kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                       "/tokenize", "/detokenize", "/health", "/metrics"};
+  static const char* const kKnown[] = {
+      "/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
+      "/detokenize",          "/health",         "/metrics"};
   for (const char* k : kKnown) {
     if (path == k) return k;
   }
@@ -38,19 +39,23 @@ const char* EndpointLabel(const std::string& method, const std::string& path) {
 }
 
 json ModelObject(const ServedModel& m) {
+  const bool ready = m.state.load(std::memory_order_acquire) == ModelState::kReady;
   return {{"id", m.config.name},
           {"object", "model"},
-          {"created", m.created},
+          {"created", ready ? m.created : 0},
           {"owned_by", "thermocline"},
           {"status", ModelStateName(m.state.load())},
-          {"context_length", m.n_ctx}};
+          {"context_length", ready ? m.n_ctx : 0},
+          {"chat_template", ready ? m.chat_template->name() : ""}};
 }
 
 }  // namespace
 
 HttpFrontEnd::HttpFrontEnd(const ServerConfig& config, const ModelRegistry* registry,
                            Metrics* metrics)
-    : config_(config), registry_(registry), metrics_(metrics),
+    : config_(config),
+      registry_(registry),
+      metrics_(metrics),
       http_(std::make_unique<httplib::Server>()) {
   const size_t threads = static_cast<size_t>(config_.http_threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
@@ -72,8 +77,7 @@ absl::StatusOr<int> HttpFrontEnd::Bind() {
     port = 0;
   }
   if (port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.host, ":",
-                                               config_.port,
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.host, ":", config_.port,
                                                " (address in use or not available?)"));
   }
   return port;
@@ -126,18 +130,14 @@ void HttpFrontEnd::Routes() {
   http_->Post("/v1/completions", guarded([this](const Request& req, Response& res) {
                 HandleGeneration(req, res, ApiKind::kCompletion);
               }));
-  http_->Get("/v1/models", guarded([this](const Request& req, Response& res) {
-               HandleModels(req, res);
-             }));
-  http_->Get(R"(/v1/models/(.+))", guarded([this](const Request& req, Response& res) {
-               HandleModels(req, res);
-             }));
-  http_->Post("/tokenize", guarded([this](const Request& req, Response& res) {
-                HandleTokenize(req, res);
-              }));
-  http_->Post("/detokenize", guarded([this](const Request& req, Response& res) {
-                HandleDetokenize(req, res);
-              }));
+  http_->Get("/v1/models",
+             guarded([this](const Request& req, Response& res) { HandleModels(req, res); }));
+  http_->Get(R"(/v1/models/(.+))",
+             guarded([this](const Request& req, Response& res) { HandleModels(req, res); }));
+  http_->Post("/tokenize",
+              guarded([this](const Request& req, Response& res) { HandleTokenize(req, res); }));
+  http_->Post("/detokenize",
+              guarded([this](const Request& req, Response& res) { HandleDetokenize(req, res); }));
   http_->Get("/metrics", guarded([this](const Request&, Response& res) {
                res.set_content(metrics_->Render(), "text/plain; version=0.0.4; charset=utf-8");
              }));
@@ -147,16 +147,16 @@ void HttpFrontEnd::Routes() {
   http_->set_error_handler([this](const Request& req, Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 404) {
-      SendError(res, NotFound("not_found", absl::StrCat("no route for ", req.method, " ",
-                                                        req.path)));
+      SendError(res,
+                NotFound("not_found", absl::StrCat("no route for ", req.method, " ", req.path)));
     } else if (res.status == 413) {
       SendError(res, InvalidRequest("", "payload_too_large",
                                     absl::StrCat("the request body is larger than ",
                                                  config_.max_body_bytes, " bytes")));
       res.status = 413;
     } else {
-      ApiError e{res.status, res.status >= 500 ? "server_error" : "invalid_request_error", "",
-                 "", absl::StrCat("HTTP ", res.status)};
+      ApiError e{res.status, res.status >= 500 ? "server_error" : "invalid_request_error", "", "",
+                 absl::StrCat("HTTP ", res.status)};
       res.set_content(ApiErrorJson(e), "application/json");
     }
   });
@@ -181,6 +181,11 @@ void HttpFrontEnd::Routes() {
 
 void HttpFrontEnd::AccessLog(const httplib::Request& req, const httplib::Response& res) {
   const AccessRecord& a = CurrentAccess();
+  // Paths are client-chosen (and URL-decoded): no control characters into the log.
+  std::string path = req.path.substr(0, 256);
+  for (char& c : path) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
   if (!config_.access_log) return;
   const double total =
       a.start == std::chrono::steady_clock::time_point{}
@@ -188,12 +193,11 @@ void HttpFrontEnd::AccessLog(const httplib::Request& req, const httplib::Respons
           : std::chrono::duration<double>(std::chrono::steady_clock::now() - a.start).count();
   if (a.prompt_tokens >= 0) {
     spdlog::info("{} {} {} {} prompt={} completion={} ttft={:.3f}s total={:.3f}s{}{}",
-                 req.remote_addr, req.method, req.path, res.status, a.prompt_tokens,
+                 req.remote_addr, req.method, path, res.status, a.prompt_tokens,
                  std::max<int64_t>(a.completion_tokens, 0), std::max(a.ttft_seconds, 0.0), total,
                  *a.outcome ? " " : "", a.outcome);
   } else {
-    spdlog::info("{} {} {} {} total={:.3f}s", req.remote_addr, req.method, req.path, res.status,
-                 total);
+    spdlog::info("{} {} {} {} total={:.3f}s", req.remote_addr, req.method, path, res.status, total);
   }
 }
 

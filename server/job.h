@@ -44,7 +44,9 @@ class GenerationSink {
  public:
   virtual ~GenerationSink() = default;
   // Text safe to show (stop strings already removed) and the logprobs of the tokens it covers.
-  virtual void OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) = 0;
+  // Returns false to stop generation (the consumer is gone): the per-token callback that can
+  // say stop.
+  virtual bool OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) = 0;
   // `error` is set when reason is kError; `cancel` says why when reason is kCancelled.
   virtual void OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
                         const absl::Status& error) = 0;

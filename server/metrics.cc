@@ -30,8 +30,7 @@ void Histogram::Observe(double seconds) {
   size_t i = 0;
   while (i < kBuckets && seconds > bounds_[i]) ++i;
   counts_[i].fetch_add(1, std::memory_order_relaxed);
-  sum_ns_.fetch_add(static_cast<uint64_t>(std::llround(seconds * 1e9)),
-                    std::memory_order_relaxed);
+  sum_ns_.fetch_add(static_cast<uint64_t>(std::llround(seconds * 1e9)), std::memory_order_relaxed);
 }
 
 void Histogram::Render(const std::string& name, const std::string& help, std::string* out) const {
@@ -87,19 +86,18 @@ std::string Metrics::Render() const {
                "From request arrival to the first generated token.", &out);
   inter_token_.Render("thermocline_inter_token_latency_seconds",
                       "Time between consecutive generated tokens of a request.", &out);
-  duration_.Render("thermocline_request_duration_seconds",
-                   "From arrival to the end of generation.", &out);
+  duration_.Render("thermocline_request_duration_seconds", "From arrival to the end of generation.",
+                   &out);
   queue_wait_.Render("thermocline_queue_wait_seconds", "Time spent waiting for a slot.", &out);
   Header(&out, "thermocline_cancellations_total", "Generations stopped early, by reason.",
          "counter");
   for (CancelReason r :
        {CancelReason::kClientGone, CancelReason::kDeadline, CancelReason::kShutdown}) {
-    absl::StrAppend(&out, "thermocline_cancellations_total{reason=\"", CancelReasonName(r),
-                    "\"} ", cancellations(r), "\n");
+    absl::StrAppend(&out, "thermocline_cancellations_total{reason=\"", CancelReasonName(r), "\"} ",
+                    cancellations(r), "\n");
   }
   Scalar(&out, "thermocline_rejected_requests_total",
-         "Requests refused with 503 because the queue was full.", "counter",
-         rejected_queue_full_);
+         "Requests refused with 503 because the queue was full.", "counter", rejected_queue_full_);
   Scalar(&out, "thermocline_queue_depth", "Requests waiting for a slot.", "gauge", queue_depth_);
   Scalar(&out, "thermocline_slots_busy", "Slots generating now.", "gauge", busy_slots_);
   Scalar(&out, "thermocline_slots", "Decode slots.", "gauge", slots_);

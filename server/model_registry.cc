@@ -72,14 +72,14 @@ absl::Status ModelRegistry::LoadAll() {
     if (!s.ok()) {
       m->error = std::string(s.message());
       m->state.store(ModelState::kFailed, std::memory_order_release);
-      return absl::Status(s.code(), absl::StrCat("model '", m->config.name, "' (",
-                                                 m->config.path, "): ", s.message()));
+      return absl::Status(s.code(), absl::StrCat("model '", m->config.name, "' (", m->config.path,
+                                                 "): ", s.message()));
     }
     m->created = static_cast<int64_t>(std::time(nullptr));
     m->state.store(ModelState::kReady, std::memory_order_release);
     spdlog::info("model '{}' ready: {} layers, vocab {}, context {}, chat template {} ({:.2f} s)",
-                 m->config.name, m->model->hparams().n_layer, m->model->hparams().n_vocab,
-                 m->n_ctx, m->chat_template->name(),
+                 m->config.name, m->model->hparams().n_layer, m->model->hparams().n_vocab, m->n_ctx,
+                 m->chat_template->name(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return absl::OkStatus();
@@ -101,8 +101,8 @@ absl::StatusOr<const ServedModel*> ModelRegistry::Find(std::string_view name) co
   }
   std::string known;
   for (const auto& m : models_) absl::StrAppend(&known, known.empty() ? "" : ", ", m->config.name);
-  return NotFound("model_not_found",
-                  absl::StrCat("model '", ToAbsl(name), "' does not exist; this server has: ", known));
+  return NotFound("model_not_found", absl::StrCat("model '", ToAbsl(name),
+                                                  "' does not exist; this server has: ", known));
 }
 
 bool ModelRegistry::all_ready() const {

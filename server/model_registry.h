@@ -26,7 +26,7 @@ const char* ModelStateName(ModelState s);
 // becomes kReady (release) and only read after (acquire).
 struct ServedModel {
   ModelConfig config;
-  int index = 0;  // position in the registry; slots keep one session per index
+  int index = 0;        // position in the registry; slots keep one session per index
   int64_t created = 0;  // unix seconds when it became ready
   std::atomic<ModelState> state{ModelState::kLoading};
   std::string error;  // when kFailed
@@ -35,7 +35,7 @@ struct ServedModel {
   std::unique_ptr<PromptEncoder> encoder;
   std::optional<ChatTemplate> chat_template;
   std::vector<int32_t> end_of_turn_tokens;  // the template's end-of-turn control token
-  int64_t n_ctx = 0;  // context of each slot's session
+  int64_t n_ctx = 0;                        // context of each slot's session
 
   const Tokenizer& tokenizer() const { return model->tokenizer(); }
 };

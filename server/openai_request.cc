@@ -14,8 +14,7 @@ using nlohmann::json;
 constexpr int kMaxDepth = 64;
 
 absl::Status WrongType(const std::string& param, const char* expected) {
-  return InvalidRequest(param, "invalid_type",
-                        absl::StrCat("'", param, "' must be ", expected));
+  return InvalidRequest(param, "invalid_type", absl::StrCat("'", param, "' must be ", expected));
 }
 
 const json* Field(const json& body, const char* key) {
@@ -115,9 +114,10 @@ absl::Status Messages(const json& body, GenerationSpec* spec) {
     if (msg.role == "developer") msg.role = "system";
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
         msg.role != "tool") {
-      return InvalidRequest(p + ".role", "invalid_value",
-                            absl::StrCat("role '", msg.role,
-                                         "' is not one of system, developer, user, assistant, tool"));
+      return InvalidRequest(
+          p + ".role", "invalid_value",
+          absl::StrCat("role '", msg.role,
+                       "' is not one of system, developer, user, assistant, tool"));
     }
     const json* content = Field(m, "content");
     if (content == nullptr) {
@@ -226,14 +226,17 @@ absl::StatusOr<json> ParseJsonObject(std::string_view body) {
   for (size_t i = 0; i < body.size(); ++i) {
     const char c = body[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '{' || c == '[') {
       if (++depth > kMaxDepth) {
-        return InvalidRequest("", "invalid_json",
-                              absl::StrCat("the JSON body nests deeper than ", kMaxDepth, " levels"));
+        return InvalidRequest(
+            "", "invalid_json",
+            absl::StrCat("the JSON body nests deeper than ", kMaxDepth, " levels"));
       }
     } else if (c == '}' || c == ']') {
       --depth;

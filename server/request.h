@@ -16,18 +16,18 @@ enum class ApiKind { kChat, kCompletion };
 
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
-  std::string model;                 // registry name, resolved and known to exist
-  std::vector<int32_t> prompt;       // token ids, BOS included when the model wants one
+  std::string model;            // registry name, resolved and known to exist
+  std::vector<int32_t> prompt;  // token ids, BOS included when the model wants one
   SamplingParams sampling;
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits before sampling
-  int32_t max_tokens = 0;            // > 0; prompt.size() + max_tokens <= context
-  std::vector<std::string> stop;     // never emitted; generation ends before them
+  int32_t max_tokens = 0;                             // > 0; prompt.size() + max_tokens <= context
+  std::vector<std::string> stop;                      // never emitted; generation ends before them
   std::vector<int32_t> stop_tokens;  // extra end-of-turn tokens (from the chat template)
   bool ignore_eos = false;
   bool logprobs = false;
-  int32_t top_logprobs = 0;          // alternatives per token, [0, 20]
+  int32_t top_logprobs = 0;  // alternatives per token, [0, 20]
   bool stream = false;
-  bool include_usage = false;        // stream_options.include_usage
+  bool include_usage = false;  // stream_options.include_usage
 };
 
 }  // namespace thermocline::server

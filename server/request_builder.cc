@@ -24,15 +24,13 @@ absl::StatusOr<SamplingParams> BuildSampling(const GenerationSpec& spec,
                                              const ServerConfig& config) {
   SamplingParams p = config.sampling;
   p.seed = SamplingParams::kRandomSeed;
-  for (absl::Status s : {CheckRange("temperature", spec.temperature, 0, 2, false, "[0, 2]"),
-                         CheckRange("top_p", spec.top_p, 0, 1, false, "[0, 1]"),
-                         CheckRange("min_p", spec.min_p, 0, 1, false, "[0, 1]"),
-                         CheckRange("repeat_penalty", spec.repeat_penalty, 0, 10, true,
-                                    "(0, 10]"),
-                         CheckRange("presence_penalty", spec.presence_penalty, -2, 2, false,
-                                    "[-2, 2]"),
-                         CheckRange("frequency_penalty", spec.frequency_penalty, -2, 2, false,
-                                    "[-2, 2]")}) {
+  for (absl::Status s :
+       {CheckRange("temperature", spec.temperature, 0, 2, false, "[0, 2]"),
+        CheckRange("top_p", spec.top_p, 0, 1, false, "[0, 1]"),
+        CheckRange("min_p", spec.min_p, 0, 1, false, "[0, 1]"),
+        CheckRange("repeat_penalty", spec.repeat_penalty, 0, 10, true, "(0, 10]"),
+        CheckRange("presence_penalty", spec.presence_penalty, -2, 2, false, "[-2, 2]"),
+        CheckRange("frequency_penalty", spec.frequency_penalty, -2, 2, false, "[-2, 2]")}) {
     if (!s.ok()) return s;
   }
   if (spec.temperature) p.temperature = static_cast<float>(*spec.temperature);
@@ -74,9 +72,10 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
   } else if (spec.prompt_ids) {
     for (int64_t id : *spec.prompt_ids) {
       if (id < 0 || id >= tok.vocab_size()) {
-        return InvalidRequest("prompt", "invalid_value",
-                              absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ",
-                                           tok.vocab_size(), ")"));
+        return InvalidRequest(
+            "prompt", "invalid_value",
+            absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ",
+                         tok.vocab_size(), ")"));
       }
       prompt.push_back(static_cast<int32_t>(id));
     }
@@ -92,8 +91,7 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
 
 }  // namespace
 
-absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec,
-                                               const ServedModel& model,
+absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const ServedModel& model,
                                                const ServerConfig& config) {
   GenerationRequest r;
   r.kind = spec.kind;
@@ -161,10 +159,11 @@ absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec,
                         "[1, 16777216]");
     }
     if (n_prompt + *spec.max_tokens > model.n_ctx) {
-      return ContextExceeded(absl::StrCat(
-          "this request needs ", n_prompt + *spec.max_tokens, " tokens (", n_prompt,
-          " in the prompt, ", *spec.max_tokens, " to generate) but the context of model '",
-          model.config.name, "' is ", model.n_ctx, " tokens; shorten the prompt or lower max_tokens"));
+      return ContextExceeded(
+          absl::StrCat("this request needs ", n_prompt + *spec.max_tokens, " tokens (", n_prompt,
+                       " in the prompt, ", *spec.max_tokens,
+                       " to generate) but the context of model '", model.config.name, "' is ",
+                       model.n_ctx, " tokens; shorten the prompt or lower max_tokens"));
     }
     r.max_tokens = static_cast<int32_t>(*spec.max_tokens);
   } else {

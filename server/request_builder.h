@@ -21,8 +21,8 @@ namespace thermocline::server {
 struct GenerationSpec {
   ApiKind kind = ApiKind::kCompletion;
   std::string model;
-  std::vector<ChatMessage> messages;             // chat
-  std::optional<std::string> prompt_text;        // completion
+  std::vector<ChatMessage> messages;               // chat
+  std::optional<std::string> prompt_text;          // completion
   std::optional<std::vector<int64_t>> prompt_ids;  // completion given as token ids
   std::optional<double> temperature, top_p, min_p, repeat_penalty, presence_penalty,
       frequency_penalty;
@@ -36,8 +36,7 @@ struct GenerationSpec {
   bool include_usage = false;
 };
 
-absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec,
-                                               const ServedModel& model,
+absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const ServedModel& model,
                                                const ServerConfig& config);
 
 }  // namespace thermocline::server

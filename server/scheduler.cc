@@ -22,8 +22,8 @@ absl::Status Scheduler::Start(const ModelRegistry& registry) {
     auto loop = std::make_unique<DecodeLoop>(options, metrics_);
     for (const auto& m : registry.models()) {
       if (absl::Status st = loop->AddModel(*m); !st.ok()) {
-        return absl::Status(st.code(), absl::StrCat("slot ", s, ", model '", m->config.name,
-                                                    "': ", st.message()));
+        return absl::Status(
+            st.code(), absl::StrCat("slot ", s, ", model '", m->config.name, "': ", st.message()));
       }
     }
     loops_.push_back(std::move(loop));

@@ -4,9 +4,10 @@
 
 namespace thermocline::server {
 
-void CollectingSink::OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) {
+bool CollectingSink::OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) {
   text_.append(text);
   logprobs_.insert(logprobs_.end(), logprobs.begin(), logprobs.end());
+  return true;
 }
 
 void CollectingSink::OnFinish(FinishReason reason, CancelReason cancel,
@@ -31,17 +32,18 @@ SseSink::SseSink(ResponseMeta meta) : meta_(std::move(meta)) {
 }
 
 template <typename F>
-void SseSink::Produce(F&& append) {
+bool SseSink::Produce(F&& append) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return buffer_.size() < kMaxBuffered || abandoned_; });
-  if (abandoned_) return;
+  if (abandoned_) return false;
   const bool was_empty = buffer_.empty();
   append(&buffer_);
   if (was_empty) cv_.notify_all();
+  return true;
 }
 
-void SseSink::OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) {
-  Produce([&](std::string* b) { AppendDeltaEvent(meta_, text, logprobs, b); });
+bool SseSink::OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) {
+  return Produce([&](std::string* b) { AppendDeltaEvent(meta_, text, logprobs, b); });
 }
 
 void SseSink::OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
@@ -50,9 +52,8 @@ void SseSink::OnFinish(FinishReason reason, CancelReason cancel, const Generatio
     if (reason == FinishReason::kError) {
       AppendErrorEvent(ToApiError(error), b);
     } else if (reason == FinishReason::kCancelled && cancel == CancelReason::kShutdown) {
-      AppendErrorEvent(ToApiError(Unavailable("shutting_down",
-                                              "the server shut down before the end")),
-                       b);
+      AppendErrorEvent(
+          ToApiError(Unavailable("shutting_down", "the server shut down before the end")), b);
     } else if (reason != FinishReason::kCancelled || cancel == CancelReason::kDeadline) {
       AppendFinishEvent(meta_, FinishReasonText(reason), b);
       if (meta_.include_usage) AppendUsageEvent(meta_, stats, b);

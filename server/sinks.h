@@ -17,7 +17,7 @@ namespace thermocline::server {
 
 class CollectingSink : public GenerationSink {
  public:
-  void OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) override;
+  bool OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) override;
   void OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
                 const absl::Status& error) override;
   // Blocks until OnFinish. The accessors below are valid after it.
@@ -47,7 +47,7 @@ class SseSink : public GenerationSink {
   // Chat streams start with the role chunk, queued at once.
   explicit SseSink(ResponseMeta meta);
 
-  void OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) override;
+  bool OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) override;
   void OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
                 const absl::Status& error) override;
 
@@ -61,8 +61,9 @@ class SseSink : public GenerationSink {
 
  private:
   static constexpr size_t kMaxBuffered = 1 << 20;
+  // Appends under the lock, waiting for room; false once the client is gone.
   template <typename F>
-  void Produce(F&& append);
+  bool Produce(F&& append);
 
   const ResponseMeta meta_;
   std::mutex mu_;

@@ -1,5 +1,7 @@
 // thermocline bench: prefill and decode tokens/s (median of several runs), the weight-read
 // bandwidth decode achieves, and the memory read bandwidth measured on the same run.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -9,17 +11,90 @@
 #include "tools/commands.h"
 
 namespace thermocline::cli {
+namespace {
+
+// Median decode tokens/s of `session` (its FFN backend as set): a prompt of prompt_tokens, then
+// gen_tokens single-token evaluations, per repetition.
+absl::StatusOr<double> DecodeTokensPerS(Session& session, const BenchOptions& o) {
+  const int64_t n_vocab = session.model().hparams().n_vocab;
+  std::vector<int32_t> prompt(std::max<int64_t>(o.prompt_tokens, 1));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 1) % n_vocab);
+  std::vector<double> runs;
+  for (int r = 0; r < std::max(1, o.repetitions); ++r) {
+    session.Reset();
+    if (absl::Status s = session.Eval(prompt); !s.ok()) return s;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t t = 0; t < o.gen_tokens; ++t) {
+      const float* l = session.logits();
+      const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+      if (absl::Status s = session.Eval({&next, 1}); !s.ok()) return s;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    runs.push_back(o.gen_tokens / s);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+// Dense and sparse decode in the same run, their ratio, and the ideal ratio from the weight
+// bytes each reads per token (predictors included).
+int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o, SparseFfn& sparse,
+                bool json) {
+  auto session = Session::Create(model, &pool);
+  if (!session.ok()) return Fail("bench", session.status());
+  sparse.set_session(session->get());
+  auto dense_tps = DecodeTokensPerS(**session, o);
+  if (!dense_tps.ok()) return Fail("bench", dense_tps.status());
+  (*session)->set_ffn_backend(&sparse);
+  sparse.ResetStats();
+  auto sparse_tps = DecodeTokensPerS(**session, o);
+  if (!sparse_tps.ok()) return Fail("bench", sparse_tps.status());
+  const SparseFfnStats& st = sparse.stats();
+  const double n_ff = model.hparams().n_ff;
+  const double predicted = st.layer_tokens ? st.predicted / st.layer_tokens / n_ff : 0;
+  const double fired = st.layer_tokens ? st.fired / st.layer_tokens / n_ff : 0;
+  const double ratio = *sparse_tps / *dense_tps;
+  const double ideal = sparse.DenseBytesPerToken() / sparse.SparseBytesPerToken();
+  const double predictor_share = st.total_s > 0 ? st.predictor_s / st.total_s : 0;
+  if (json) {
+    nlohmann::json out = {{"dense_decode_tokens_per_s", *dense_tps},
+                          {"sparse_decode_tokens_per_s", *sparse_tps},
+                          {"ratio", ratio},
+                          {"ideal_ratio", ideal},
+                          {"of_ideal", ratio / ideal},
+                          {"predicted_active", predicted},
+                          {"fired", fired},
+                          {"predictor_share_of_ffn_time", predictor_share},
+                          {"oracle", sparse.options().oracle}};
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf("threads %d, %s | decode %lld tokens after %lld: dense %.2f tokens/s, sparse "
+                "%.2f tokens/s%s\nratio %.2fx, ideal %.2fx (weight bytes dense %.1f MiB / sparse "
+                "%.1f MiB per token), %.0f%% of ideal\nactive: %.1f%% predicted, %.1f%% fired; "
+                "predictors %.0f%% of sparse FFN time\n",
+                pool.size(), IsaName(BestIsa()), static_cast<long long>(o.gen_tokens),
+                static_cast<long long>(o.prompt_tokens), *dense_tps, *sparse_tps,
+                sparse.options().oracle ? " (oracle)" : "", ratio, ideal,
+                sparse.DenseBytesPerToken() / 1048576.0, sparse.SparseBytesPerToken() / 1048576.0,
+                100 * ratio / ideal, 100 * predicted, 100 * fired, 100 * predictor_share);
+  }
+  return 0;
+}
+
+}  // namespace
 
 int RunBench(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--model", "--prompt-tokens", "--gen-tokens", "--threads",
-                           "--repetitions", "--activation"},
-                          {"--json", "--help"},
+                           "--repetitions", "--activation", "--sparse", "--sidecar",
+                           "--target-sparsity"},
+                          {"--json", "--help", "--oracle"},
                           {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
   if (args->Has("--help")) {
     std::puts("usage: thermocline bench -m MODEL [--prompt-tokens 64] [--gen-tokens 64] "
               "[--threads N] [--repetitions 5] [--json]");
+    std::fputs(kSparseUsage, stdout);
     return 0;
   }
   BenchOptions o;
@@ -38,6 +113,9 @@ int RunBench(int argc, char** argv) {
   auto model = LoadModelFromArgs(*args);
   if (!model.ok()) return Fail("bench", model.status());
   ThreadPool pool(*threads);
+  auto sparse = SparseFfnFromArgs(*args, **model, &pool, /*dense_prefill=*/true);
+  if (!sparse.ok()) return Fail("bench", sparse.status());
+  if (*sparse != nullptr) return BenchSparse(**model, pool, o, **sparse, args->Has("--json"));
   auto r = BenchModel(**model, pool, o);
   if (!r.ok()) return Fail("bench", r.status());
   const double mem_gbps = MeasureReadBandwidth(pool);

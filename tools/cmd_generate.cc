@@ -60,13 +60,14 @@ int RunGenerate(int argc, char** argv) {
       argc, argv,
       {"--model", "--prompt", "--n-predict", "--temp", "--top-k", "--top-p", "--min-p",
        "--repeat-penalty", "--frequency-penalty", "--presence-penalty", "--seed", "--threads",
-       "--ctx", "--activation"},
-      {"--json", "--ignore-eos", "--help"},
+       "--ctx", "--activation", "--sparse", "--sidecar", "--target-sparsity"},
+      {"--json", "--ignore-eos", "--help", "--oracle"},
       {{"-m", "--model"}, {"-p", "--prompt"}, {"-n", "--n-predict"}, {"-t", "--threads"},
        {"-c", "--ctx"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("generate", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);
+    std::fputs(kSparseUsage, stdout);
     return 0;
   }
   auto prompt = args->Get("--prompt");
@@ -91,6 +92,12 @@ int RunGenerate(int argc, char** argv) {
   session_options.n_ctx = *ctx;
   auto session = Session::Create(**model, &pool, session_options);
   if (!session.ok()) return Fail("generate", session.status());
+  auto sparse = SparseFfnFromArgs(*args, **model, &pool, /*dense_prefill=*/true);
+  if (!sparse.ok()) return Fail("generate", sparse.status());
+  if (*sparse != nullptr) {
+    (*sparse)->set_session(session->get());
+    (*session)->set_ffn_backend(sparse->get());
+  }
 
   const Tokenizer& tok = (*model)->tokenizer();
   const std::vector<int32_t> prompt_ids = tok.Encode(*prompt, tok.add_bos());

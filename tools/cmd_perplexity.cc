@@ -12,14 +12,16 @@
 namespace thermocline::cli {
 
 int RunPerplexity(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv, {"--model", "--file", "--ctx", "--threads", "--activation"},
-                          {"--json", "--help"},
+  auto args = Args::Parse(argc, argv, {"--model", "--file", "--ctx", "--threads", "--activation",
+                           "--sparse", "--sidecar", "--target-sparsity"},
+                          {"--json", "--help", "--oracle"},
                           {{"-m", "--model"}, {"-f", "--file"}, {"-c", "--ctx"},
                            {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("perplexity", args.status(), true);
   if (args->Has("--help")) {
     std::puts("usage: thermocline perplexity -m MODEL -f TEXT [--ctx 512] [--threads N] "
               "[--activation A] [--json]");
+    std::fputs(kSparseUsage, stdout);
     return 0;
   }
   auto file = args->Get("--file");
@@ -48,6 +50,15 @@ int RunPerplexity(int argc, char** argv) {
   so.max_batch = *ctx;
   auto session = Session::Create(**model, &pool, so);
   if (!session.ok()) return Fail("perplexity", session.status());
+  // Every token through the sparse FFN (no dense prefill): the perplexity measures sparsity.
+  auto sparse = SparseFfnFromArgs(*args, **model, &pool, /*dense_prefill=*/false);
+  if (!sparse.ok()) return Fail("perplexity", sparse.status());
+  if (*sparse != nullptr) (*session)->set_ffn_backend(sparse->get());
+  const int64_t n_ff = (*model)->hparams().n_ff;
+  auto active = [&](double SparseFfnStats::*field) {
+    const SparseFfnStats& s = (*sparse)->stats();
+    return s.layer_tokens > 0 ? s.*field / s.layer_tokens / n_ff : 1.0;
+  };
   const bool json = args->Has("--json");
   auto result = ComputePerplexity(**session, text.str(), *ctx, [&](int64_t c, double ppl) {
     if (!json) {
@@ -61,12 +72,21 @@ int RunPerplexity(int argc, char** argv) {
                           {"chunks", result->chunk_ppl},
                           {"ctx", result->n_ctx},
                           {"tokens_scored", result->tokens_scored},
-                          {"seconds", result->seconds}};
+                          {"seconds", result->seconds},
+                          {"sparse", *sparse != nullptr}};
+    if (*sparse != nullptr) {
+      out["predicted_active"] = active(&SparseFfnStats::predicted);
+      out["fired"] = active(&SparseFfnStats::fired);
+    }
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("\nppl = %.4f (%lld tokens scored, ctx %lld, %.2f s)\n", result->ppl,
                 static_cast<long long>(result->tokens_scored),
                 static_cast<long long>(result->n_ctx), result->seconds);
+    if (*sparse != nullptr) {
+      std::printf("sparse FFN: %.1f%% of neurons predicted active, %.1f%% fired\n",
+                  100 * active(&SparseFfnStats::predicted), 100 * active(&SparseFfnStats::fired));
+    }
   }
   return 0;
 }

@@ -52,7 +52,9 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
     const char* flag;
     int* dst;
   };
-  for (IntFlag f : {IntFlag{"--port", &c->port}, {"--slots", &c->slots}, {"--queue", &c->queue},
+  for (IntFlag f : {IntFlag{"--port", &c->port},
+                    {"--slots", &c->slots},
+                    {"--queue", &c->queue},
                     {"--threads", &c->threads_per_slot}}) {
     if (!args.Has(f.flag)) continue;
     auto v = args.GetInt(f.flag, 0);

@@ -26,6 +26,7 @@ constexpr char kUsage[] = R"(usage: thermocline solve -m MODEL --sidecar FILE --
   --time-limit S            CBC time limit in seconds, best solution kept (default 30)
   --gap G                   stop within this relative gap of the proven bound (default 1e-4)
   --cpu-bandwidth GBPS      CPU read bandwidth instead of measuring it
+  --save-hardware FILE      write the hardware profile used (with the measured CPU bandwidth)
   --plots DIR               placement.svg
   --dry-run                 do not write the sidecar
   --json                    print the result as JSON
@@ -38,7 +39,8 @@ int RunSolve(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--model", "--sidecar", "--gpu-memory", "--hardware", "--objective",
                            "--bucket", "--min-neurons", "--context", "--time-limit",
-                           "--cpu-bandwidth", "--plots", "--threads", "--activation", "--gap"},
+                           "--cpu-bandwidth", "--plots", "--threads", "--activation", "--gap",
+                           "--save-hardware"},
                           {"--json", "--dry-run", "--help"},
                           {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("solve", args.status(), true);
@@ -83,6 +85,11 @@ int RunSolve(int argc, char** argv) {
   if (!sidecar.ok()) return Fail("solve", sidecar.status());
   ThreadPool pool(*threads);
   offline::MeasureCpuIfMissing(hw, pool);
+  if (auto path = args->Get("--save-hardware")) {
+    std::ofstream f(*path);
+    f << offline::FormatHardwareProfile(hw);
+    if (!f) return Fail("solve", absl::InternalError(absl::StrCat("cannot write ", *path)));
+  }
 
   offline::ProblemOptions po;
   po.bucket_size = *bucket;

@@ -8,6 +8,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model/llama_model.h"
+#include "engine/sparse/sparse_ffn.h"
+#include "engine/util/thread_pool.h"
 #include "tools/args.h"
 
 namespace thermocline::cli {
@@ -31,5 +33,19 @@ absl::Status CheckModelArgs(const Args& args);
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelFromArgs(const Args& args);
 // --threads, default: all hardware threads.
 absl::StatusOr<int> ThreadsFromArgs(const Args& args);
+
+// The sparse FFN flags generate, perplexity and bench accept: value flags --sparse, --sidecar,
+// --target-sparsity; switch --oracle.
+constexpr char kSparseUsage[] =
+    "  --sparse off|on|auto     sparse FFN (auto: on when a sidecar is given or found as\n"
+    "                           MODEL.thermo.gguf; default auto)\n"
+    "  --sidecar FILE           the model's sidecar (predictors, thresholds, placement)\n"
+    "  --oracle                 exact active sets (dense gate/up) instead of the predictors\n"
+    "  --target-sparsity F      SwiGLU: drop this fraction of activations by magnitude\n";
+// The sparse FFN backend of --sparse/--sidecar/--oracle/--target-sparsity on `pool`, or nullptr
+// when sparse is off. dense_prefill: prompts of more than one token use the dense FFN.
+absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
+                                                             const LlamaModel& model,
+                                                             ThreadPool* pool, bool dense_prefill);
 
 }  // namespace thermocline::cli

@@ -3,6 +3,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/util/thread_pool.h"
+#include <filesystem>
+#include "offline/sparse_loader.h"
 #include "tools/commands.h"
 
 namespace thermocline::cli {
@@ -38,6 +40,38 @@ absl::StatusOr<int> ThreadsFromArgs(const Args& args) {
     return absl::InvalidArgumentError(absl::StrCat("--threads ", *n, " must be in [1, 1024]"));
   }
   return static_cast<int>(*n);
+}
+
+absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
+                                                             const LlamaModel& model,
+                                                             ThreadPool* pool, bool dense_prefill) {
+  const std::string mode = args.Get("--sparse").value_or("auto");
+  if (mode != "off" && mode != "on" && mode != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--sparse ", mode, ": use off, on or auto"));
+  }
+  auto target = args.GetDouble("--target-sparsity", 0.0);
+  if (!target.ok()) return target.status();
+  if (*target < 0 || *target >= 1) {
+    return absl::InvalidArgumentError("--target-sparsity must be in [0, 1)");
+  }
+  if (mode == "off") return std::unique_ptr<SparseFfn>();
+  std::string sidecar = args.Get("--sidecar").value_or("");
+  if (sidecar.empty()) {
+    const std::string beside = args.Get("--model").value_or("") + ".thermo.gguf";
+    if (std::filesystem::exists(beside)) sidecar = beside;
+  }
+  if (sidecar.empty()) {
+    if (mode == "auto") return std::unique_ptr<SparseFfn>();
+    return absl::InvalidArgumentError(
+        "--sparse on needs a sidecar: --sidecar FILE, or MODEL.thermo.gguf beside the model "
+        "(thermocline profile makes one)");
+  }
+  SparseFfnOptions options;
+  options.oracle = args.Has("--oracle");
+  options.dense_prefill = dense_prefill;
+  offline::SparseLoadOptions load;
+  load.target_sparsity = *target;
+  return offline::LoadSparseFfn(sidecar, model, pool, options, load);
 }
 
 }  // namespace thermocline::cli

@@ -73,7 +73,11 @@ void ForEachToken(ThreadPool& pool, int64_t n_tokens, int64_t cols, const Fn& fn
 template <class Dot>
 void RunTiles(ThreadPool& pool, int64_t rows, int64_t n_tokens, float* y, const Dot& dot) {
   const int64_t n_groups = (n_tokens + kMaxGroup - 1) / kMaxGroup;
-  ParallelChunks(pool, rows, kRowBlock, [&](int64_t r0, int64_t r1) {
+  // About 4 chunks per thread, each a contiguous run of weights long enough (up to 256 rows) for
+  // the hardware prefetchers to stream it at full bandwidth: decode is all streaming.
+  const int64_t chunk =
+      std::clamp(rows / (4 * pool.size()) / kRowBlock * kRowBlock, kRowBlock, 8 * kRowBlock);
+  ParallelChunks(pool, rows, chunk, [&](int64_t r0, int64_t r1) {
     for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
       const int64_t re = std::min(r1, rb + kRowBlock);
       for (int64_t g = 0; g < n_groups; ++g) {

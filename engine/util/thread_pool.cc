@@ -14,8 +14,16 @@ namespace {
 // A worker spins (then yields) this many iterations, a few hundred microseconds, before it
 // sleeps: long enough to stay awake between the parallel sections of one token.
 constexpr int kSpinIterations = 1 << 14;
-// The caller spins this long for the workers to finish before it starts yielding its core.
-constexpr int kWaitSpinIterations = 1 << 12;
+// Pure spinning before yielding the core, for workers and for the caller's final wait.
+constexpr int kPauseIterations = 1 << 12;
+
+inline void Backoff(int spin) {
+  if (spin < kPauseIterations) {
+    THERMOCLINE_PAUSE();
+  } else {
+    std::this_thread::yield();
+  }
+}
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
@@ -26,8 +34,8 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(sleep_mutex_);
-    stop_.store(true, std::memory_order_release);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+    stop_.store(true, std::memory_order_seq_cst);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
   }
   wake_.notify_all();
   for (std::thread& t : workers_) t.join();
@@ -38,6 +46,24 @@ int ThreadPool::DefaultThreads() {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
+int ThreadPool::ClaimAndRun() {
+  int ran = 0;
+  uint64_t state = claim_.load(std::memory_order_acquire);
+  for (;;) {
+    const uint32_t part = static_cast<uint32_t>(state);
+    if (part >= static_cast<uint32_t>(n_threads_)) return ran;
+    if (!claim_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
+                                      std::memory_order_acquire)) {
+      continue;
+    }
+    // A claimed part keeps its Run (and task_) alive until done_ counts it.
+    task_(task_ctx_, static_cast<int>(part));
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    ++ran;
+    state = claim_.load(std::memory_order_acquire);
+  }
+}
+
 void ThreadPool::RunImpl(Trampoline fn, void* ctx) {
   if (n_threads_ == 1) {
     fn(ctx, 0);
@@ -45,59 +71,46 @@ void ThreadPool::RunImpl(Trampoline fn, void* ctx) {
   }
   task_ = fn;
   task_ctx_ = ctx;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  {
-    // The generation bump is what publishes task_; sleepers need the lock to not miss it.
-    // generation_ and sleepers_ form a store-then-load handshake with WorkerLoop: both sides
-    // need sequential consistency so that one of them sees the other's store.
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  claim_.store(gen << 32, std::memory_order_release);
+  // generation_ and sleepers_ form a store-then-load handshake with WorkerLoop: both sides
+  // need sequential consistency so that one of them sees the other's store.
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(sleep_mutex_);
+    generation_.store(gen, std::memory_order_seq_cst);
+    wake_.notify_all();
+  } else {
+    generation_.store(gen, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(sleep_mutex_);
-      generation_.fetch_add(1, std::memory_order_seq_cst);
       wake_.notify_all();
-    } else {
-      generation_.fetch_add(1, std::memory_order_seq_cst);
-      if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-        std::lock_guard<std::mutex> lock(sleep_mutex_);
-        wake_.notify_all();
-      }
     }
   }
-  fn(ctx, 0);
-  // Spin first (the workers usually finish within microseconds); then yield, so that on a
-  // machine with more runnable threads than cores a descheduled worker gets the core back
-  // instead of waiting out our time slice.
-  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
-    if (spin < kWaitSpinIterations) {
-      THERMOCLINE_PAUSE();
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  ClaimAndRun();
+  // Wait for parts claimed by workers; spin first, then yield so that a worker descheduled
+  // mid-part gets a core back.
+  for (int spin = 0; done_.load(std::memory_order_acquire) != n_threads_; ++spin) Backoff(spin);
 }
 
-void ThreadPool::WorkerLoop(int index) {
+void ThreadPool::WorkerLoop(int /*index*/) {
   uint64_t seen = 0;
   for (;;) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
+    uint64_t gen = generation_.load(std::memory_order_seq_cst);
     for (int spin = 0; gen == seen && spin < kSpinIterations; ++spin) {
-      if (spin < kWaitSpinIterations) {
-        THERMOCLINE_PAUSE();
-      } else {
-        std::this_thread::yield();
-      }
-      gen = generation_.load(std::memory_order_acquire);
+      Backoff(spin);
+      gen = generation_.load(std::memory_order_seq_cst);
     }
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(sleep_mutex_);
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
       wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
-      sleepers_.fetch_sub(1, std::memory_order_acq_rel);
-      gen = generation_.load(std::memory_order_acquire);
+      sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+      gen = generation_.load(std::memory_order_seq_cst);
     }
     seen = gen;
     if (stop_.load(std::memory_order_acquire)) return;
-    task_(task_ctx_, index);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    ClaimAndRun();
   }
 }
 

@@ -1,6 +1,8 @@
 // A persistent pool of worker threads for the per-token parallel loops of the kernels.
 // Threads are created once; each Run() wakes them (spinning briefly before sleeping, so the
 // hundreds of parallel sections per token cost microseconds, not a futex round trip each).
+// Each Run has size() parts; whichever threads are running claim them, the caller first, so a
+// worker that the OS has descheduled (a busy machine) delays nothing: the others do its part.
 #pragma once
 
 #include <algorithm>
@@ -17,7 +19,7 @@ namespace thermocline {
 
 class ThreadPool {
  public:
-  // n_threads counts the calling thread, which always takes part as thread 0.
+  // n_threads counts the calling thread, which always takes part.
   explicit ThreadPool(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -25,9 +27,10 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // Calls fn(thread_index) once on every thread and returns when all calls have returned.
-  // Not reentrant: one Run at a time per pool (the caller owns the pool).
-  // fn must not throw.
+  // Calls fn(part) once for every part in [0, size()), on any of the pool's threads, and
+  // returns when all calls have returned. Parts never run concurrently with themselves, so
+  // per-part scratch indexed by `part` is safe. Not reentrant: one Run at a time per pool
+  // (the caller owns the pool). fn must not throw.
   template <typename F>
   void Run(F&& fn) {
     using Fn = std::remove_reference_t<F>;
@@ -36,7 +39,7 @@ class ThreadPool {
   }
 
   // Splits [0, n) into size() contiguous chunks (multiples of grain) and calls
-  // fn(thread_index, begin, end) for each non-empty chunk.
+  // fn(part, begin, end) for each non-empty chunk (part < size(), as in Run).
   template <typename F>
   void ParallelFor(int64_t n, int64_t grain, F&& fn) {
     if (n <= 0) return;
@@ -65,10 +68,15 @@ class ThreadPool {
   const int n_threads_;
   std::vector<std::thread> workers_;
 
+  // Runs the parts of the current Run this thread can claim; returns how many it ran.
+  int ClaimAndRun();
+
   Trampoline task_ = nullptr;
   void* task_ctx_ = nullptr;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // (generation << 32) | next part to claim: claims of a finished Run fail on the generation.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> done_{0};
   std::atomic<bool> stop_{false};
 
   std::mutex sleep_mutex_;

@@ -4,8 +4,10 @@
 #include "offline/predictor/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -48,6 +50,21 @@ inline float FastSigmoid(float z) {
                                                                  f * 0.00133335581f))));
   const int32_t bits = (i + 127) << 23;
   return 1.0f / (1.0f + p * std::bit_cast<float>(bits));
+}
+
+// out[i] = bit i of mask (0 or 1), a byte at a time through a table of 8 floats per byte.
+void MaskToFloats(const uint64_t* mask, int64_t n, float* out) {
+  static const auto kTable = [] {
+    std::array<std::array<float, 8>, 256> t{};
+    for (int b = 0; b < 256; ++b) {
+      for (int j = 0; j < 8; ++j) t[b][j] = static_cast<float>((b >> j) & 1);
+    }
+    return t;
+  }();
+  const auto* bytes = reinterpret_cast<const uint8_t*>(mask);  // little-endian: bit i in byte i/8
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) std::memcpy(out + i, kTable[bytes[i >> 3]].data(), 8 * sizeof(float));
+  for (; i < n; ++i) out[i] = static_cast<float>((mask[i >> 6] >> (i & 63)) & 1);
 }
 
 // Logits of a whole split, chunk by chunk; fn(row, logits_of_row).
@@ -184,8 +201,7 @@ TrainedPredictor TrainPredictor(ThreadPool& pool, const LayerDataset& data, int6
         const int64_t s = order[b0 + t];
         std::copy_n(data.x[LayerDataset::kTrain].data() + s * d, d, xb.data() + t * d);
         const uint64_t* m = data.mask[LayerDataset::kTrain].data() + s * data.mask_words;
-        float* yt = y.data() + t * f;
-        for (int64_t i = 0; i < f; ++i) yt[i] = static_cast<float>((m[i >> 6] >> (i & 63)) & 1);
+        MaskToFloats(m, f, y.data() + t * f);
       }
       // Forward.
       GemmNT(pool, xb.data(), nb, p.fc1.data(), r, d, h.data());

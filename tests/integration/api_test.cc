@@ -53,8 +53,9 @@ TEST_CASE("greedy completions match the reference continuation", "[server][api]"
   const json ref = LoadReference("stories260K.reference.json");
   for (int i = 0; i < 2; ++i) {
     const std::string prompt = ref["prompts"][i]["prompt"];
-    const json c = Completion(d.port(), {{"model", kModelName}, {"prompt", prompt},
-                                         {"max_tokens", 48}, {"temperature", 0}});
+    const json c = Completion(
+        d.port(),
+        {{"model", kModelName}, {"prompt", prompt}, {"max_tokens", 48}, {"temperature", 0}});
     INFO(c.dump());
     CHECK(c["id"].get<std::string>().rfind("cmpl-", 0) == 0);
     CHECK(c["object"] == "text_completion");
@@ -72,11 +73,13 @@ TEST_CASE("greedy completions match the reference continuation", "[server][api]"
   // The prompt as token ids, and as a one-element array, gives the same.
   const json ids = Completion(d.port(), {{"model", kModelName},
                                          {"prompt", ref["prompts"][0]["prompt_ids"]},
-                                         {"max_tokens", 48}, {"temperature", 0}});
+                                         {"max_tokens", 48},
+                                         {"temperature", 0}});
   CHECK(ids["choices"][0]["text"] == ReferenceContinuation(0));
   const json arr = Completion(d.port(), {{"model", kModelName},
                                          {"prompt", json::array({"Once upon a time"})},
-                                         {"max_tokens", 48}, {"temperature", 0}});
+                                         {"max_tokens", 48},
+                                         {"temperature", 0}});
   CHECK(arr["choices"][0]["text"] == ReferenceContinuation(0));
 }
 
@@ -86,8 +89,10 @@ TEST_CASE("stop strings end a completion before them", "[server][api]") {
   const std::string full = ReferenceContinuation(0);  // ", there was a little girl named Lily..."
   // "re wa" spans the tokens " there" and " was".
   for (const std::string stop : {"re wa", "Lily", ". "}) {
-    const json c = Completion(d.port(), {{"model", kModelName}, {"prompt", "Once upon a time"},
-                                         {"max_tokens", 48}, {"temperature", 0},
+    const json c = Completion(d.port(), {{"model", kModelName},
+                                         {"prompt", "Once upon a time"},
+                                         {"max_tokens", 48},
+                                         {"temperature", 0},
                                          {"stop", json::array({"never-there", stop})}});
     INFO(stop);
     CHECK(c["choices"][0]["text"] == full.substr(0, full.find(stop)));
@@ -100,8 +105,9 @@ TEST_CASE("chat completions use the fallback template", "[server][api]") {
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
   const json body = {{"model", kModelName},
-                     {"messages", {{{"role", "system"}, {"content", "A story."}},
-                                   {{"role", "user"}, {"content", "Once upon a time"}}}},
+                     {"messages",
+                      {{{"role", "system"}, {"content", "A story."}},
+                       {{"role", "user"}, {"content", "Once upon a time"}}}},
                      {"max_tokens", 40},
                      {"temperature", 0},
                      {"user", "someone"}};
@@ -118,10 +124,12 @@ TEST_CASE("chat completions use the fallback template", "[server][api]") {
   CHECK(!content.empty());
   CHECK(c["usage"]["completion_tokens"].get<int>() >= 1);
   // The same prompt rendered by hand through the legacy endpoint gives the same text.
-  const json same = Completion(d.port(), {{"model", kModelName},
-                                          {"prompt", "A story.\n\nUser: Once upon a time\nAssistant:"},
-                                          {"max_tokens", 40}, {"temperature", 0},
-                                          {"stop", "\nUser:"}});
+  const json same =
+      Completion(d.port(), {{"model", kModelName},
+                            {"prompt", "A story.\n\nUser: Once upon a time\nAssistant:"},
+                            {"max_tokens", 40},
+                            {"temperature", 0},
+                            {"stop", "\nUser:"}});
   CHECK(same["choices"][0]["text"] == content);
   CHECK(same["choices"][0]["finish_reason"] == c["choices"][0]["finish_reason"]);
   CHECK(same["usage"]["prompt_tokens"] == c["usage"]["prompt_tokens"]);
@@ -133,7 +141,9 @@ TEST_CASE("logprobs come in the chat and the legacy shapes", "[server][api]") {
   const json chat = Json(Http(d.port(), "POST", "/v1/chat/completions",
                               json{{"model", kModelName},
                                    {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
-                                   {"max_tokens", 8}, {"temperature", 0}, {"logprobs", true},
+                                   {"max_tokens", 8},
+                                   {"temperature", 0},
+                                   {"logprobs", true},
                                    {"top_logprobs", 3}}
                                   .dump())
                              .body);
@@ -154,12 +164,16 @@ TEST_CASE("logprobs come in the chat and the legacy shapes", "[server][api]") {
   HttpResponse plain = Http(d.port(), "POST", "/v1/chat/completions",
                             json{{"model", kModelName},
                                  {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
-                                 {"max_tokens", 4}, {"logprobs", true}}.dump());
+                                 {"max_tokens", 4},
+                                 {"logprobs", true}}
+                                .dump());
   REQUIRE(plain.status == 200);
   CHECK(Json(plain.body)["choices"][0]["logprobs"]["content"][0]["top_logprobs"].empty());
 
-  const json legacy = Completion(d.port(), {{"model", kModelName}, {"prompt", "Once upon a time"},
-                                            {"max_tokens", 6}, {"temperature", 0},
+  const json legacy = Completion(d.port(), {{"model", kModelName},
+                                            {"prompt", "Once upon a time"},
+                                            {"max_tokens", 6},
+                                            {"temperature", 0},
                                             {"logprobs", 2}});
   const json& lp = legacy["choices"][0]["logprobs"];
   INFO(legacy.dump());
@@ -176,9 +190,14 @@ TEST_CASE("seeded sampling is reproducible", "[server][api]") {
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
   auto sample = [&](int64_t seed) {
-    return Completion(d.port(), {{"model", kModelName}, {"prompt", "Once upon a time"},
-                                 {"max_tokens", 32}, {"temperature", 1.0}, {"top_k", 0},
-                                 {"top_p", 1.0}, {"min_p", 0}, {"seed", seed}})["choices"][0]["text"]
+    return Completion(d.port(), {{"model", kModelName},
+                                 {"prompt", "Once upon a time"},
+                                 {"max_tokens", 32},
+                                 {"temperature", 1.0},
+                                 {"top_k", 0},
+                                 {"top_p", 1.0},
+                                 {"min_p", 0},
+                                 {"seed", seed}})["choices"][0]["text"]
         .get<std::string>();
   };
   const std::string a = sample(42);
@@ -200,7 +219,8 @@ TEST_CASE("tokenize and detokenize round-trip", "[server][api]") {
            json{{"model", kModelName}, {"content", "Once"}, {"with_pieces", true}}.dump());
   REQUIRE(r.status == 200);
   CHECK(Json(r.body)["tokens"][0]["piece"] == " Once");
-  r = Http(d.port(), "POST", "/detokenize", json{{"tokens", ref["prompts"][0]["prompt_ids"]}}.dump());
+  r = Http(d.port(), "POST", "/detokenize",
+           json{{"tokens", ref["prompts"][0]["prompt_ids"]}}.dump());
   REQUIRE(r.status == 200);
   CHECK(Json(r.body)["content"] == "Once upon a time");
   r = Http(d.port(), "POST", "/detokenize", json{{"tokens", {1, 99999}}}.dump());
@@ -219,7 +239,8 @@ TEST_CASE("health, metrics and the access log", "[server][api]") {
   REQUIRE(m.status == 200);
   CHECK(m.header("content-type").find("text/plain") == 0);
   INFO(m.body);
-  CHECK(MetricValue(m.body, R"(thermocline_requests_total{endpoint="/v1/completions",status="200"})") == 1);
+  CHECK(MetricValue(m.body,
+                    R"(thermocline_requests_total{endpoint="/v1/completions",status="200"})") == 1);
   CHECK(MetricValue(m.body, R"(thermocline_requests_total{endpoint="other",status="404"})") == 1);
   CHECK(MetricValue(m.body, "thermocline_prompt_tokens_total") == 5);
   CHECK(MetricValue(m.body, "thermocline_generated_tokens_total") == 5);
@@ -229,7 +250,8 @@ TEST_CASE("health, metrics and the access log", "[server][api]") {
   CHECK(MetricValue(m.body, "thermocline_queue_depth") == 0);
   CHECK(MetricValue(m.body, "thermocline_slots_busy") == 0);
   CHECK(MetricValue(m.body, "thermocline_slots") == 1);
-  CHECK(MetricValue(m.body, R"(thermocline_cancellations_total{reason="client_disconnected"})") == 0);
+  CHECK(MetricValue(m.body, R"(thermocline_cancellations_total{reason="client_disconnected"})") ==
+        0);
   // The access log line is written once the response is out: give it a moment.
   std::string log;
   for (int i = 0; i < 100 && (log = d.Log()).find("GET /nope 404") == std::string::npos; ++i) {

@@ -6,17 +6,17 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "http_client.h"
 #include "test_util.h"
@@ -35,13 +35,15 @@ class DaemonProcess {
     const std::string base = (TempDir() / ("daemon" + std::to_string(counter++))).string();
     config_path_ = base + ".toml";
     log_path_ = base + ".log";
-    std::ofstream(config_path_) << "[[models]]\npath = \"" << StoriesModel()
-                                << "\"\nname = \"" << kModelName << "\"\n\n" << toml << "\n";
+    std::ofstream(config_path_) << "[[models]]\npath = \"" << StoriesModel() << "\"\nname = \""
+                                << kModelName << "\"\n\n"
+                                << toml << "\n";
     int out[2];
     REQUIRE(::pipe(out) == 0);
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
       ::dup2(out[1], 1);
       const int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(log, 2);
@@ -182,9 +184,9 @@ inline double MetricValue(const std::string& metrics, const std::string& series)
 
 }  // namespace thermocline::testing
 
-#define REQUIRE_STORIES_MODEL()                                                   \
-  do {                                                                            \
-    if (!thermocline::testing::HaveStoriesModel()) {                              \
+#define REQUIRE_STORIES_MODEL()                                                     \
+  do {                                                                              \
+    if (!thermocline::testing::HaveStoriesModel()) {                                \
       THERMOCLINE_SKIP("no test model at " + thermocline::testing::StoriesModel()); \
-    }                                                                             \
+    }                                                                               \
   } while (0)

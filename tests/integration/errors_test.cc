@@ -24,7 +24,8 @@ json ExpectError(const HttpResponse& r, int status, const std::string& type) {
 }
 
 json ChatBody() {
-  return {{"model", kModelName}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+  return {{"model", kModelName},
+          {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
           {"max_tokens", 4}};
 }
 
@@ -82,9 +83,9 @@ TEST_CASE("invalid requests get 400 invalid_request_error naming the field", "[s
     CHECK(e["code"] == c.code);
     CHECK(e["param"] == c.param);
   }
-  const json e = ExpectError(
-      Http(port, "POST", "/v1/completions", json{{"model", kModelName}}.dump()), 400,
-      "invalid_request_error");
+  const json e =
+      ExpectError(Http(port, "POST", "/v1/completions", json{{"model", kModelName}}.dump()), 400,
+                  "invalid_request_error");
   CHECK(e["param"] == "prompt");
   // Unknown fields are ignored.
   json extra = ChatBody();
@@ -105,8 +106,11 @@ TEST_CASE("a prompt beyond the context gets 400 exceed_context_size_error", "[se
               400, "exceed_context_size_error");
   // Right at the limit is fine.
   HttpResponse ok = Http(d.port(), "POST", "/v1/completions",
-                         json{{"model", kModelName}, {"prompt", "Once upon a time"},
-                              {"max_tokens", 507}, {"ignore_eos", true}}.dump());
+                         json{{"model", kModelName},
+                              {"prompt", "Once upon a time"},
+                              {"max_tokens", 507},
+                              {"ignore_eos", true}}
+                             .dump());
   REQUIRE(ok.status == 200);
   CHECK(Json(ok.body)["usage"]["total_tokens"] == 512);
 }
@@ -152,7 +156,7 @@ TEST_CASE("API keys: 401 without one, Bearer or X-Api-Key accepted, /health publ
 TEST_CASE("a bad config fails fast with the key named", "[server][errors]") {
   const std::string path = (TempDir() / "bad.toml").string();
   std::ofstream(path) << "[scheduler]\nslotz = 2\n";
-  const std::string cmd = ThermoclineBinary() + " serve --config " + path + " 2>&1";
+  const std::string cmd = "timeout 20 " + ThermoclineBinary() + " serve --config " + path + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   char buf[512];

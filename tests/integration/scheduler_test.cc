@@ -20,7 +20,7 @@ double SecondsSince(Clock::time_point t) {
 
 json StreamBody(const std::string& prompt, int max_tokens) {
   return {{"model", kModelName}, {"prompt", prompt}, {"max_tokens", max_tokens},
-          {"temperature", 0}, {"stream", true}, {"ignore_eos", true}};
+          {"temperature", 0},    {"stream", true},   {"ignore_eos", true}};
 }
 
 // Reads the next SSE event of a streamed response ("" at the end of the body). Throws on bad
@@ -57,8 +57,9 @@ TEST_CASE("a client that disconnects mid-stream frees its slot", "[server][sched
     for (int i = 0; i < 3; ++i) REQUIRE(!events.Next().empty());
   }  // the client vanishes; 400 tokens would take 8 s
   const auto start = Clock::now();
-  HttpResponse b = Http(d.port(), "POST", "/v1/completions",
-                        json{{"model", kModelName}, {"prompt", "The cat"}, {"max_tokens", 5}}.dump());
+  HttpResponse b =
+      Http(d.port(), "POST", "/v1/completions",
+           json{{"model", kModelName}, {"prompt", "The cat"}, {"max_tokens", 5}}.dump());
   REQUIRE(b.status == 200);
   CHECK(SecondsSince(start) < 2.0);
   const std::string m = Metrics(d.port());
@@ -71,8 +72,9 @@ TEST_CASE("a client that disconnects mid-stream frees its slot", "[server][sched
 
 TEST_CASE("a full queue answers 503 with Retry-After", "[server][scheduler]") {
   REQUIRE_STORIES_MODEL();
-  DaemonProcess d("[scheduler]\nslots = 1\nqueue = 1\nretry_after_s = 3\n"
-                  "[debug]\ndecode_delay_ms = 20\n");
+  DaemonProcess d(
+      "[scheduler]\nslots = 1\nqueue = 1\nretry_after_s = 3\n"
+      "[debug]\ndecode_delay_ms = 20\n");
   HttpConnection a(d.port());
   a.Send("POST", "/v1/completions", StreamBody("Once upon a time", 400).dump());
   REQUIRE(a.ReadHead().status == 200);
@@ -168,14 +170,18 @@ TEST_CASE("the request deadline ends generation as 'length'", "[server][schedule
   DaemonProcess d("[scheduler]\nrequest_timeout_s = 0.4\n[debug]\ndecode_delay_ms = 20\n");
   const auto start = Clock::now();
   HttpResponse r = Http(d.port(), "POST", "/v1/completions",
-                        json{{"model", kModelName}, {"prompt", "Once upon a time"},
-                             {"max_tokens", 400}, {"ignore_eos", true}}.dump());
+                        json{{"model", kModelName},
+                             {"prompt", "Once upon a time"},
+                             {"max_tokens", 400},
+                             {"ignore_eos", true}}
+                            .dump());
   REQUIRE(r.status == 200);
   CHECK(SecondsSince(start) < 2.0);
   const json j = Json(r.body);
   CHECK(j["choices"][0]["finish_reason"] == "length");
   CHECK(j["usage"]["completion_tokens"].get<int>() < 100);
-  CHECK(MetricValue(Metrics(d.port()), R"(thermocline_cancellations_total{reason="deadline"})") == 1);
+  CHECK(MetricValue(Metrics(d.port()), R"(thermocline_cancellations_total{reason="deadline"})") ==
+        1);
 }
 
 TEST_CASE("SIGTERM lets in-flight streams finish, then exits 0", "[server][scheduler]") {

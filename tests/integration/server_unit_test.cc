@@ -2,8 +2,8 @@
 // control tokens, request parsing and validation, config files.
 #include <fstream>
 
-#include "engine/model/llama_model.h"
 #include "daemon_fixture.h"
+#include "engine/model/llama_model.h"
 #include "model_fixtures.h"
 #include "server/chat_template.h"
 #include "server/config.h"
@@ -35,7 +35,8 @@ std::pair<std::string, bool> RunStops(const std::vector<std::string>& stops,
 }
 
 TEST_CASE("stop strings are cut, also across pieces", "[server][stop]") {
-  CHECK(RunStops({"END"}, {"abc", "E", "N", "D", "xyz"}) == std::pair<std::string, bool>{"abc", true});
+  CHECK(RunStops({"END"}, {"abc", "E", "N", "D", "xyz"}) ==
+        std::pair<std::string, bool>{"abc", true});
   CHECK(RunStops({"END"}, {"abcEN", "Dxyz"}) == std::pair<std::string, bool>{"abc", true});
   CHECK(RunStops({"END"}, {"abcEN", "x"}) == std::pair<std::string, bool>{"abcENx", false});
   CHECK(RunStops({"END"}, {"abcEN"}) == std::pair<std::string, bool>{"abcEN", false});
@@ -177,17 +178,25 @@ TEST_CASE("OpenAI request bodies are parsed and checked", "[server][request]") {
         "missing_required_parameter");
   CHECK(param == "model");
   CHECK(ToApiError(SpecError(R"({"model":"m","messages":[{"role":"user","content":"a"}],
-      "temperature":"hot"})", ApiKind::kChat, &param)).code == "invalid_type");
+      "temperature":"hot"})",
+                             ApiKind::kChat, &param))
+            .code == "invalid_type");
   CHECK(param == "temperature");
   CHECK(ToApiError(SpecError(R"({"model":"m","messages":[{"role":"robot","content":"a"}]})",
-                             ApiKind::kChat, &param)).param == "messages[0].role");
-  CHECK(ToApiError(SpecError(R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
-                             ApiKind::kChat)).code == "unsupported_value");
+                             ApiKind::kChat, &param))
+            .param == "messages[0].role");
+  CHECK(ToApiError(
+            SpecError(
+                R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+                ApiKind::kChat))
+            .code == "unsupported_value");
   CHECK(ToApiError(SpecError(R"({"model":"m","prompt":["a","b"]})", ApiKind::kCompletion)).code ==
         "unsupported_value");
-  CHECK(ToApiError(SpecError(R"({"model":"m","prompt":"a","stop":[1]})", ApiKind::kCompletion,
-                             &param)).param == "stop");
-  CHECK(SpecError(R"({"model":"m","prompt":"a","n":2})", ApiKind::kCompletion).ok());  // checked later
+  CHECK(ToApiError(
+            SpecError(R"({"model":"m","prompt":"a","stop":[1]})", ApiKind::kCompletion, &param))
+            .param == "stop");
+  CHECK(SpecError(R"({"model":"m","prompt":"a","n":2})", ApiKind::kCompletion)
+            .ok());  // checked later
 }
 
 TEST_CASE("error statuses map to OpenAI error bodies", "[server][errors]") {
@@ -265,6 +274,25 @@ name = "bee"
   CHECK(!FinalizeConfig(&zero).ok());
   CHECK(ParseModelFlag("/a/b.gguf=name").name == "name");
   CHECK(ParseModelFlag("/a/b.gguf").path == "/a/b.gguf");
+}
+
+}  // namespace
+}  // namespace thermocline::server
+
+namespace thermocline::server {
+namespace {
+
+TEST_CASE("the example config documents valid keys only", "[server][config]") {
+  ServerConfig c;
+  const std::string path = std::string(THERMOCLINE_SOURCE_DIR) + "/configs/thermocline.toml";
+  absl::Status s = LoadConfigFile(path, &c);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  REQUIRE(FinalizeConfig(&c).ok());
+  CHECK(c.host == "127.0.0.1");
+  CHECK(c.slots == 1);
+  REQUIRE(c.models.size() == 1);
+  CHECK(c.models[0].name == "stories260K");
 }
 
 }  // namespace

@@ -50,12 +50,10 @@ std::string NonStreamed(int port, const std::string& path, json body) {
 TEST_CASE("chat streams follow the OpenAI chunk protocol", "[server][stream]") {
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
-  const json body = {{"model", kModelName},
-                     {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
-                     {"max_tokens", 24},
-                     {"temperature", 0},
-                     {"stream", true},
-                     {"stream_options", {{"include_usage", true}}}};
+  const json body = {
+      {"model", kModelName}, {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+      {"max_tokens", 24},    {"temperature", 0},
+      {"stream", true},      {"stream_options", {{"include_usage", true}}}};
   Stream s = ReadStream(d.port(), "/v1/chat/completions", body);
   REQUIRE(s.done);
   REQUIRE(s.events.size() >= 4);
@@ -103,8 +101,11 @@ TEST_CASE("completion streams carry text chunks and end with [DONE]", "[server][
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
   const json ref = LoadReference("stories260K.reference.json");
-  const json body = {{"model", kModelName}, {"prompt", "Once upon a time"}, {"max_tokens", 48},
-                     {"temperature", 0}, {"stream", true}};
+  const json body = {{"model", kModelName},
+                     {"prompt", "Once upon a time"},
+                     {"max_tokens", 48},
+                     {"temperature", 0},
+                     {"stream", true}};
   Stream s = ReadStream(d.port(), "/v1/completions", body);
   REQUIRE(s.done);
   std::string text;
@@ -127,14 +128,19 @@ TEST_CASE("completion streams carry text chunks and end with [DONE]", "[server][
 TEST_CASE("stop strings never reach the stream, even split across tokens", "[server][stream]") {
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
-  const std::string full = NonStreamed(
-      d.port(), "/v1/completions",
-      {{"model", kModelName}, {"prompt", "Once upon a time"}, {"max_tokens", 48}, {"temperature", 0}});
+  const std::string full = NonStreamed(d.port(), "/v1/completions",
+                                       {{"model", kModelName},
+                                        {"prompt", "Once upon a time"},
+                                        {"max_tokens", 48},
+                                        {"temperature", 0}});
   for (const std::string stop : {"re wa", "little girl", "d Lily."}) {
     INFO(stop);
     Stream s = ReadStream(d.port(), "/v1/completions",
-                          {{"model", kModelName}, {"prompt", "Once upon a time"},
-                           {"max_tokens", 48}, {"temperature", 0}, {"stream", true},
+                          {{"model", kModelName},
+                           {"prompt", "Once upon a time"},
+                           {"max_tokens", 48},
+                           {"temperature", 0},
+                           {"stream", true},
                            {"stop", {stop}}});
     REQUIRE(s.done);
     std::string text;
@@ -150,8 +156,11 @@ TEST_CASE("streamed logprobs cover exactly the streamed tokens", "[server][strea
   Stream s = ReadStream(d.port(), "/v1/chat/completions",
                         {{"model", kModelName},
                          {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
-                         {"max_tokens", 10}, {"temperature", 0}, {"stream", true},
-                         {"logprobs", true}, {"top_logprobs", 2},
+                         {"max_tokens", 10},
+                         {"temperature", 0},
+                         {"stream", true},
+                         {"logprobs", true},
+                         {"top_logprobs", 2},
                          {"stream_options", {{"include_usage", true}}}});
   REQUIRE(s.done);
   std::string content, tokens;

@@ -40,12 +40,12 @@ Matrix RandomMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
   return m;
 }
 
-void CheckMatMul(GgmlType type, int64_t rows, int64_t cols) {
+// Checks n_tokens in {1, 3, 8, 17, 64} and, when max_tokens is larger, max_tokens itself.
+void CheckMatMul(GgmlType type, int64_t rows, int64_t cols, int64_t max_tokens = 64) {
   const Matrix w = RandomMatrix(type, rows, cols, 11);
   const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
   const TypeKernels& x_ref = *KernelsFor(ref.vec_dot_type, Isa::kScalar);
   const bool quantized = ref.vec_dot_type != GgmlType::kF32;
-  const int64_t max_tokens = 64;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(max_tokens * cols));
@@ -99,7 +99,7 @@ void CheckMatMul(GgmlType type, int64_t rows, int64_t cols) {
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
     for (Isa isa : AvailableIsas()) {
-      for (int64_t n_tokens : {1, 3, 8, 17, 64}) {
+      for (int64_t n_tokens : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{17}, max_tokens}) {
         INFO(TypeName(type) << " " << IsaName(isa) << " rows=" << rows << " cols=" << cols
                             << " tokens=" << n_tokens << " threads=" << threads);
         std::vector<float> y(static_cast<size_t>(n_tokens * rows), NAN);
@@ -130,6 +130,9 @@ TEST_CASE("MatMul matches its references for every type", "[matmul]") {
     CheckMatMul(type, 48, 2080);  // several column chunks in the tile kernels, 65 blocks
   }
   CheckMatMul(GgmlType::kF32, 5, 33);  // float rows need not be a multiple of 32
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ4_0}) {
+    CheckMatMul(type, 37, 96, 130);  // more tokens than the gemm keeps on its stack (64)
+  }
 }
 
 TEST_CASE("MatMulScratch::Reserve only grows", "[matmul]") {

@@ -174,7 +174,7 @@ TEST_CASE("a budget too small for anything is refused with the minimum", "[offli
   CHECK(SolvePlacement(p, SolveOptions{}).ok());
 }
 
-TEST_CASE("hardware profiles parse; typos are errors", "[offline]") {
+TEST_CASE("hardware profiles parse and typos are errors", "[offline]") {
   const auto dir = std::filesystem::path(THERMOCLINE_SOURCE_DIR) / "configs" / "hardware";
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {

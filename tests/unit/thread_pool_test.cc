@@ -51,34 +51,28 @@ class Watchdog {
   std::thread thread_;  // last: starts after the members it uses
 };
 
-// Runs fn on every thread; checks each index in [0, size) ran exactly once, on the caller for 0
-// and on another thread for the rest.
+// Runs fn over the pool's parts; checks each part in [0, size) ran exactly once. Which thread
+// runs a part is the pool's choice (the caller claims parts first, and takes over the parts of
+// workers the OS has not scheduled), so only once-ness is asserted.
 void CheckOneRun(ThreadPool& pool) {
   const int n = pool.size();
   std::vector<int> calls(n, 0);  // plain ints: Run's return must publish the workers' writes
-  std::vector<std::thread::id> ids(n);
   std::atomic<int> out_of_range{0};
-  pool.Run([&](int thread) {
-    if (thread < 0 || thread >= n) {
+  pool.Run([&](int part) {
+    if (part < 0 || part >= n) {
       out_of_range.fetch_add(1);
       return;
     }
-    ++calls[thread];
-    ids[thread] = std::this_thread::get_id();
+    ++calls[part];
   });
   CHECK(out_of_range.load() == 0);
   for (int t = 0; t < n; ++t) {
-    INFO("pool of " << n << ", thread " << t);
+    INFO("pool of " << n << ", part " << t);
     CHECK(calls[t] == 1);
-    if (t == 0) {
-      CHECK(ids[t] == std::this_thread::get_id());
-    } else {
-      CHECK(ids[t] != std::this_thread::get_id());
-    }
   }
 }
 
-TEST_CASE("ThreadPool::Run calls every index exactly once", "[thread_pool]") {
+TEST_CASE("ThreadPool::Run calls every part exactly once", "[thread_pool]") {
   for (int n : {1, 2, 3, 4, 8}) {
     ThreadPool pool(n);
     CHECK(pool.size() == n);
