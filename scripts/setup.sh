@@ -4,8 +4,13 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ccache pkg-config clang
   libabsl-dev nlohmann-json3-dev libspdlog-dev catch2 libbenchmark-dev coinor-libcbc-dev
-  libcpp-httplib-dev libtomlplusplus-dev nodejs npm
+  libcpp-httplib-dev libtomlplusplus-dev
 )
+# Node.js and npm drive the end-to-end test with the official OpenAI client. A machine that
+# already has them (from any source) keeps its own; Debian's packages conflict with others.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,5 +22,9 @@ fi
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Another apt run (unattended upgrades on a fresh machine) may hold the lock: wait for it.
+apt_get() {
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@"
+}
+apt_get update -qq
+apt_get install -y -qq --no-install-recommends "${missing[@]}"

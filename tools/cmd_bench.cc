@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "offline/solver/hardware.h"
 
 #include "engine/ops/kernels.h"
 #include "engine/runtime/bench.h"
@@ -81,22 +85,53 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
   return 0;
 }
 
+// bench --hardware: the solver's hardware profile with this machine's CPU measured; the GPU
+// figures come from --gpu-profile (configs/hardware/*.toml) or the built-in defaults.
+int BenchHardware(const Args& args) {
+  auto threads = ThreadsFromArgs(args);
+  if (!threads.ok()) return Fail("bench", threads.status(), true);
+  offline::HardwareProfile hw;
+  if (auto path = args.Get("--gpu-profile")) {
+    auto read = offline::ReadHardwareProfile(*path);
+    if (!read.ok()) return Fail("bench", read.status());
+    hw = *read;
+  }
+  hw.cpu_bandwidth_gbps = 0;  // always measure: that is what this command is for
+  ThreadPool pool(*threads);
+  offline::MeasureCpuIfMissing(hw, pool);
+  const std::string text = offline::FormatHardwareProfile(hw);
+  if (auto out = args.Get("--output")) {
+    std::ofstream f(*out);
+    f << text;
+    if (!f) return Fail("bench", absl::InternalError(absl::StrCat("cannot write ", *out)));
+    std::printf("wrote %s (CPU read bandwidth %.2f GB/s)\n", out->c_str(), hw.cpu_bandwidth_gbps);
+  } else {
+    std::fputs(text.c_str(), stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunBench(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--model", "--prompt-tokens", "--gen-tokens", "--threads",
                            "--repetitions", "--activation", "--sparse", "--sidecar",
-                           "--target-sparsity"},
-                          {"--json", "--help", "--oracle"},
-                          {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}});
+                           "--target-sparsity", "--gpu-profile", "--output"},
+                          {"--json", "--help", "--oracle", "--hardware"},
+                          {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"},
+                           {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
   if (args->Has("--help")) {
     std::puts("usage: thermocline bench -m MODEL [--prompt-tokens 64] [--gen-tokens 64] "
               "[--threads N] [--repetitions 5] [--json]");
     std::fputs(kSparseUsage, stdout);
+    std::puts("       thermocline bench --hardware [--gpu-profile FILE.toml] [-o FILE.toml] "
+              "[--threads N]\n  measures this machine's CPU read bandwidth and writes the "
+              "hardware profile `solve --hardware` reads");
     return 0;
   }
+  if (args->Has("--hardware")) return BenchHardware(*args);
   BenchOptions o;
   auto pt = args->GetInt("--prompt-tokens", 64);
   auto gt = args->GetInt("--gen-tokens", 64);

@@ -139,3 +139,24 @@ TEST_CASE("synth, quantize and bench work together", "[cli]") {
 
 }  // namespace
 }  // namespace thermocline
+
+namespace thermocline {
+namespace {
+
+TEST_CASE("bench --hardware measures the CPU and writes a profile solve reads", "[cli]") {
+  const std::string out = (testing::TempDir() / "hw.toml").string();
+  const Result r = Run("bench --hardware --threads 2 --gpu-profile " +
+                       std::string(THERMOCLINE_SOURCE_DIR) + "/configs/hardware/rtx4090.toml -o " +
+                       out);
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  const std::string text = testing::ReadTextFile(out);
+  CHECK_THAT(text, Catch::Contains("name = \"rtx4090\""));
+  CHECK_THAT(text, Catch::Contains("[cpu]"));
+  CHECK_THAT(text, !Catch::Contains("bandwidth_gbps = 0\n"));
+  const Result bad = Run("bench --hardware --gpu-profile /nonexistent.toml");
+  CHECK(bad.exit_code == 1);
+}
+
+}  // namespace
+}  // namespace thermocline
