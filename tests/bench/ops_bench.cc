@@ -1,6 +1,9 @@
 // Micro-benchmarks of the CPU kernels and MatMul (Google Benchmark):
-//   vec_dot/<type>/<isa>      one 4096-element row, in cache: kernel speed (bytes of weights/s)
-//   vec_dot_multi/<type>/<isa>  the same row against 8 activation rows
+//   vec_dot/<type>/<isa>      one 4096-element row, in cache: kernel speed (bytes of weights/s).
+//                             For Q8_0 / Q4_0 this public entry point re-lays the Q8_0
+//                             activations on every call; MatMul does that once per call, so
+//                             the matmul figures are the ones decode and prefill see.
+//   vec_dot_multi8/<type>/<isa>  the same row against 8 activation rows
 //   matmul/<type>/<isa>/<rows>x<cols>/tokens:<n>/threads:<t>
 //   model/llama1.1b/q4_0/tokens:<n>/threads:<t>   all the products of one forward pass
 // MatMul cycles through copies of the weights totalling more than the last-level cache, so
