@@ -178,7 +178,9 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
 ModelConfig ParseModelFlag(const std::string& value) {
   ModelConfig m;
   const size_t eq = value.rfind('=');
-  if (eq != std::string::npos && eq > 0 && eq + 1 < value.size()) {
+  // A file whose name holds '=' is still a path.
+  if (eq != std::string::npos && eq > 0 && eq + 1 < value.size() &&
+      !std::filesystem::exists(value)) {
     m.path = value.substr(0, eq);
     m.name = value.substr(eq + 1);
   } else {

@@ -36,9 +36,18 @@ bool SseSink::Produce(F&& append) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return buffer_.size() < kMaxBuffered || abandoned_; });
   if (abandoned_) return false;
-  const bool was_empty = buffer_.empty();
+  const bool consumer_waiting = buffer_.empty() || wake_deferred_;
   append(&buffer_);
-  if (was_empty) cv_.notify_all();
+  if (consumer_waiting) {
+    const Clock::time_point now = Clock::now();
+    if (now - last_wake_ >= kWakeInterval) {
+      last_wake_ = now;
+      wake_deferred_ = false;
+      cv_.notify_all();
+    } else {
+      wake_deferred_ = true;
+    }
+  }
   return true;
 }
 
@@ -72,6 +81,7 @@ bool SseSink::Take(std::string* out) {
   cv_.wait(lock, [&] { return !buffer_.empty() || finished_; });
   if (buffer_.empty()) return false;
   out->swap(buffer_);
+  wake_deferred_ = false;
   cv_.notify_all();  // a producer may be waiting for room
   return true;
 }
