@@ -57,11 +57,9 @@ Sidecar AssembleSidecar(const LlamaModel& model, const std::string& model_name,
 }  // namespace
 
 absl::StatusOr<PipelineResult> RunProfilePipeline(const LlamaModel& model,
-                                                  const std::string& model_name,
-                                                  ThreadPool& pool,
+                                                  const std::string& model_name, ThreadPool& pool,
                                                   const PipelineOptions& options,
-                                                  FILE* progress_out,
-                                                  ProgressCallback callback) {
+                                                  FILE* progress_out, ProgressCallback callback) {
   PipelineResult r;
   ProfilerOptions profiler_options = options.profiler;  // no slots for tokens never seen
   profiler_options.max_samples = std::min(profiler_options.max_samples, options.run.tokens);
@@ -139,9 +137,8 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
             {"predictor_bytes", r.predictors.total_bytes},
             {"ffn_bytes", r.predictors.ffn_bytes},
             {"predictor_budget_bytes", r.predictors.budget_bytes},
-            {"predictor_fraction_of_ffn",
-             static_cast<double>(r.predictors.total_bytes) /
-                 std::max<uint64_t>(1, r.predictors.ffn_bytes)},
+            {"predictor_fraction_of_ffn", static_cast<double>(r.predictors.total_bytes) /
+                                              std::max<uint64_t>(1, r.predictors.ffn_bytes)},
             {"profile_seconds", r.profile_seconds},
             {"train_seconds", r.train_seconds}}}};
 }

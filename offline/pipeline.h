@@ -38,8 +38,7 @@ struct PipelineResult {
 
 // progress_out: bars or lines (nullptr: silent); callback: see ProgressCallback.
 absl::StatusOr<PipelineResult> RunProfilePipeline(const LlamaModel& model,
-                                                  const std::string& model_name,
-                                                  ThreadPool& pool,
+                                                  const std::string& model_name, ThreadPool& pool,
                                                   const PipelineOptions& options,
                                                   FILE* progress_out,
                                                   ProgressCallback callback = nullptr);
@@ -54,8 +53,8 @@ struct PlacementRun {
   PlacementProblem problem;
   HardwareProfile hardware;
   Objective objective = Objective::kTime;
-  SolveResult chosen;     // of `objective`
-  SolveResult other;      // of the other objective, for comparison
+  SolveResult chosen;  // of `objective`
+  SolveResult other;   // of the other objective, for comparison
 };
 
 // Solves both objectives (the chosen one with the full time limit) on the sidecar's profile.

@@ -54,8 +54,7 @@ absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromSidecar(
 }
 
 absl::StatusOr<std::unique_ptr<SparseFfn>> LoadSparseFfn(const std::string& sidecar_path,
-                                                         const LlamaModel& model,
-                                                         ThreadPool* pool,
+                                                         const LlamaModel& model, ThreadPool* pool,
                                                          const SparseFfnOptions& ffn_options,
                                                          const SparseLoadOptions& options) {
   absl::StatusOr<Sidecar> sidecar = LoadSidecarFor(sidecar_path, model);

@@ -26,8 +26,7 @@ absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromSidecar(
 
 // LoadSidecarFor + SparsePlanFromSidecar + SparseFfn::Create.
 absl::StatusOr<std::unique_ptr<SparseFfn>> LoadSparseFfn(const std::string& sidecar_path,
-                                                         const LlamaModel& model,
-                                                         ThreadPool* pool,
+                                                         const LlamaModel& model, ThreadPool* pool,
                                                          const SparseFfnOptions& ffn_options,
                                                          const SparseLoadOptions& options = {});
 

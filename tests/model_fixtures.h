@@ -4,9 +4,8 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "engine/model/llama_model.h"
 #include "test_util.h"

@@ -1,13 +1,13 @@
 // Helpers shared by the tests: where the test models are, a skip that ctest reports as skipped.
 #pragma once
 
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
-#include <cstdio>
-
-#include <catch2/catch.hpp>
 
 namespace thermocline::testing {
 
@@ -24,8 +24,8 @@ inline std::string TestModelPath(const std::string& name) { return TestModelsDir
 // A scratch directory unique to this test process, removed by the OS's tmp cleaning.
 inline std::filesystem::path TempDir() {
   static const std::filesystem::path dir = [] {
-    std::filesystem::path p = std::filesystem::temp_directory_path() /
-                              ("thermocline-test-" + std::to_string(::getpid()));
+    std::filesystem::path p =
+        std::filesystem::temp_directory_path() / ("thermocline-test-" + std::to_string(::getpid()));
     std::filesystem::create_directories(p);
     return p;
   }();
@@ -38,9 +38,9 @@ inline std::string ThermoclineBinary() { return THERMOCLINE_BINARY; }
 
 // Marks the running test as skipped: ctest matches "SKIPPED:" (SKIP_REGULAR_EXPRESSION) and
 // reports the test as skipped, not passed.
-#define THERMOCLINE_SKIP(reason)                                  \
-  do {                                                            \
-    std::printf("SKIPPED: %s\n", std::string(reason).c_str());    \
-    std::fflush(stdout);                                          \
-    return;                                                       \
+#define THERMOCLINE_SKIP(reason)                               \
+  do {                                                         \
+    std::printf("SKIPPED: %s\n", std::string(reason).c_str()); \
+    std::fflush(stdout);                                       \
+    return;                                                    \
   } while (0)

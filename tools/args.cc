@@ -84,11 +84,20 @@ absl::StatusOr<int64_t> Args::GetBytes(const std::string& flag, int64_t fallback
   double mult = 1;
   if (!s.empty()) {
     switch (s.back()) {
-      case 'k': mult = 1024.0; break;
-      case 'm': mult = 1024.0 * 1024; break;
-      case 'g': mult = 1024.0 * 1024 * 1024; break;
-      case 't': mult = 1024.0 * 1024 * 1024 * 1024; break;
-      default: break;
+      case 'k':
+        mult = 1024.0;
+        break;
+      case 'm':
+        mult = 1024.0 * 1024;
+        break;
+      case 'g':
+        mult = 1024.0 * 1024 * 1024;
+        break;
+      case 't':
+        mult = 1024.0 * 1024 * 1024 * 1024;
+        break;
+      default:
+        break;
     }
     if (mult != 1) s.pop_back();
   }

@@ -7,11 +7,10 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "offline/solver/hardware.h"
-
 #include "engine/ops/kernels.h"
 #include "engine/runtime/bench.h"
 #include "nlohmann/json.hpp"
+#include "offline/solver/hardware.h"
 #include "tools/commands.h"
 
 namespace thermocline::cli {
@@ -22,7 +21,8 @@ namespace {
 absl::StatusOr<double> DecodeTokensPerS(Session& session, const BenchOptions& o) {
   const int64_t n_vocab = session.model().hparams().n_vocab;
   std::vector<int32_t> prompt(std::max<int64_t>(o.prompt_tokens, 1));
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 1) % n_vocab);
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<int32_t>((i * 7919 + 1) % n_vocab);
   std::vector<double> runs;
   for (int r = 0; r < std::max(1, o.repetitions); ++r) {
     session.Reset();
@@ -72,15 +72,16 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
                           {"oracle", sparse.options().oracle}};
     std::cout << out.dump(2) << "\n";
   } else {
-    std::printf("threads %d, %s | decode %lld tokens after %lld: dense %.2f tokens/s, sparse "
-                "%.2f tokens/s%s\nratio %.2fx, ideal %.2fx (weight bytes dense %.1f MiB / sparse "
-                "%.1f MiB per token), %.0f%% of ideal\nactive: %.1f%% predicted, %.1f%% fired; "
-                "predictors %.0f%% of sparse FFN time\n",
-                pool.size(), IsaName(BestIsa()), static_cast<long long>(o.gen_tokens),
-                static_cast<long long>(o.prompt_tokens), *dense_tps, *sparse_tps,
-                sparse.options().oracle ? " (oracle)" : "", ratio, ideal,
-                sparse.DenseBytesPerToken() / 1048576.0, sparse.SparseBytesPerToken() / 1048576.0,
-                100 * ratio / ideal, 100 * predicted, 100 * fired, 100 * predictor_share);
+    std::printf(
+        "threads %d, %s | decode %lld tokens after %lld: dense %.2f tokens/s, sparse "
+        "%.2f tokens/s%s\nratio %.2fx, ideal %.2fx (weight bytes dense %.1f MiB / sparse "
+        "%.1f MiB per token), %.0f%% of ideal\nactive: %.1f%% predicted, %.1f%% fired; "
+        "predictors %.0f%% of sparse FFN time\n",
+        pool.size(), IsaName(BestIsa()), static_cast<long long>(o.gen_tokens),
+        static_cast<long long>(o.prompt_tokens), *dense_tps, *sparse_tps,
+        sparse.options().oracle ? " (oracle)" : "", ratio, ideal,
+        sparse.DenseBytesPerToken() / 1048576.0, sparse.SparseBytesPerToken() / 1048576.0,
+        100 * ratio / ideal, 100 * predicted, 100 * fired, 100 * predictor_share);
   }
   return 0;
 }
@@ -114,21 +115,22 @@ int BenchHardware(const Args& args) {
 }  // namespace
 
 int RunBench(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv,
-                          {"--model", "--prompt-tokens", "--gen-tokens", "--threads",
-                           "--repetitions", "--activation", "--sparse", "--sidecar",
-                           "--target-sparsity", "--gpu-profile", "--output"},
-                          {"--json", "--help", "--oracle", "--hardware"},
-                          {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"},
-                           {"-o", "--output"}});
+  auto args = Args::Parse(
+      argc, argv,
+      {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions", "--activation",
+       "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile", "--output"},
+      {"--json", "--help", "--oracle", "--hardware"},
+      {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
   if (args->Has("--help")) {
-    std::puts("usage: thermocline bench -m MODEL [--prompt-tokens 64] [--gen-tokens 64] "
-              "[--threads N] [--repetitions 5] [--json]");
+    std::puts(
+        "usage: thermocline bench -m MODEL [--prompt-tokens 64] [--gen-tokens 64] "
+        "[--threads N] [--repetitions 5] [--json]");
     std::fputs(kSparseUsage, stdout);
-    std::puts("       thermocline bench --hardware [--gpu-profile FILE.toml] [-o FILE.toml] "
-              "[--threads N]\n  measures this machine's CPU read bandwidth and writes the "
-              "hardware profile `solve --hardware` reads");
+    std::puts(
+        "       thermocline bench --hardware [--gpu-profile FILE.toml] [-o FILE.toml] "
+        "[--threads N]\n  measures this machine's CPU read bandwidth and writes the "
+        "hardware profile `solve --hardware` reads");
     return 0;
   }
   if (args->Has("--hardware")) return BenchHardware(*args);
@@ -171,13 +173,13 @@ int RunBench(int argc, char** argv) {
                           {"bandwidth_ratio", ratio}};
     std::cout << out.dump(2) << "\n";
   } else {
-    std::printf("threads %d, %s | prompt %lld tokens: %.1f tokens/s | decode %lld tokens: "
-                "%.1f tokens/s\nweights %.1f MiB per token: %.2f GB/s read by decode, "
-                "memory reads %.2f GB/s (%.0f%%)\n",
-                *threads, IsaName(BestIsa()), static_cast<long long>(o.prompt_tokens),
-                r->prompt_tokens_per_s, static_cast<long long>(o.gen_tokens),
-                r->decode_tokens_per_s, r->weight_bytes / 1048576.0, r->decode_weight_gbps,
-                mem_gbps, 100 * ratio);
+    std::printf(
+        "threads %d, %s | prompt %lld tokens: %.1f tokens/s | decode %lld tokens: "
+        "%.1f tokens/s\nweights %.1f MiB per token: %.2f GB/s read by decode, "
+        "memory reads %.2f GB/s (%.0f%%)\n",
+        *threads, IsaName(BestIsa()), static_cast<long long>(o.prompt_tokens),
+        r->prompt_tokens_per_s, static_cast<long long>(o.gen_tokens), r->decode_tokens_per_s,
+        r->weight_bytes / 1048576.0, r->decode_weight_gbps, mem_gbps, 100 * ratio);
   }
   return 0;
 }

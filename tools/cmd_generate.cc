@@ -37,8 +37,10 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const Args& args) {
     *dst = static_cast<float>(*v);
     return absl::OkStatus();
   };
-  for (auto [flag, dst] : {std::pair{"--temp", &p.temperature}, {"--top-p", &p.top_p},
-                           {"--min-p", &p.min_p}, {"--repeat-penalty", &p.repeat_penalty},
+  for (auto [flag, dst] : {std::pair{"--temp", &p.temperature},
+                           {"--top-p", &p.top_p},
+                           {"--min-p", &p.min_p},
+                           {"--repeat-penalty", &p.repeat_penalty},
                            {"--frequency-penalty", &p.frequency_penalty},
                            {"--presence-penalty", &p.presence_penalty}}) {
     if (absl::Status s = set_float(flag, dst); !s.ok()) return s;
@@ -62,8 +64,12 @@ int RunGenerate(int argc, char** argv) {
        "--repeat-penalty", "--frequency-penalty", "--presence-penalty", "--seed", "--threads",
        "--ctx", "--activation", "--sparse", "--sidecar", "--target-sparsity"},
       {"--json", "--ignore-eos", "--help", "--oracle"},
-      {{"-m", "--model"}, {"-p", "--prompt"}, {"-n", "--n-predict"}, {"-t", "--threads"},
-       {"-c", "--ctx"}, {"-h", "--help"}});
+      {{"-m", "--model"},
+       {"-p", "--prompt"},
+       {"-n", "--n-predict"},
+       {"-t", "--threads"},
+       {"-c", "--ctx"},
+       {"-h", "--help"}});
   if (!args.ok()) return Fail("generate", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -75,7 +81,8 @@ int RunGenerate(int argc, char** argv) {
   auto n_predict = args->GetInt("--n-predict", 128);
   if (!n_predict.ok()) return Fail("generate", n_predict.status(), true);
   if (*n_predict < 0 || *n_predict > (1 << 24)) {
-    return Fail("generate", absl::InvalidArgumentError("--n-predict must be in [0, 16777216]"), true);
+    return Fail("generate", absl::InvalidArgumentError("--n-predict must be in [0, 16777216]"),
+                true);
   }
   auto sampling = SamplingFromArgs(*args);
   if (!sampling.ok()) return Fail("generate", sampling.status(), true);
@@ -140,7 +147,8 @@ int RunGenerate(int argc, char** argv) {
     std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::fprintf(stdout, "\n");
-    std::fprintf(stderr, "\nprompt: %lld tokens, %.1f tokens/s | decode: %zu tokens, %.1f tokens/s\n",
+    std::fprintf(stderr,
+                 "\nprompt: %lld tokens, %.1f tokens/s | decode: %zu tokens, %.1f tokens/s\n",
                  static_cast<long long>(result->prompt_tokens), result->prompt_tokens_per_s(),
                  result->tokens.size(), result->decode_tokens_per_s());
   }

@@ -52,13 +52,10 @@ int RunInspect(int argc, char** argv) {
                          {"offset", t.offset},
                          {"bytes", t.size_bytes}});
     }
-    nlohmann::json out = {{"path", f.path()},
-                          {"version", f.version()},
-                          {"powerinfer", f.is_powerinfer()},
-                          {"alignment", f.alignment()},
-                          {"tensor_bytes", total},
-                          {"metadata", meta},
-                          {"tensors", tensors}};
+    nlohmann::json out = {
+        {"path", f.path()},           {"version", f.version()}, {"powerinfer", f.is_powerinfer()},
+        {"alignment", f.alignment()}, {"tensor_bytes", total},  {"metadata", meta},
+        {"tensors", tensors}};
     std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }

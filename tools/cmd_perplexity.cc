@@ -12,15 +12,20 @@
 namespace thermocline::cli {
 
 int RunPerplexity(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv, {"--model", "--file", "--ctx", "--threads", "--activation",
-                           "--sparse", "--sidecar", "--target-sparsity"},
+  auto args = Args::Parse(argc, argv,
+                          {"--model", "--file", "--ctx", "--threads", "--activation", "--sparse",
+                           "--sidecar", "--target-sparsity"},
                           {"--json", "--help", "--oracle"},
-                          {{"-m", "--model"}, {"-f", "--file"}, {"-c", "--ctx"},
-                           {"-t", "--threads"}, {"-h", "--help"}});
+                          {{"-m", "--model"},
+                           {"-f", "--file"},
+                           {"-c", "--ctx"},
+                           {"-t", "--threads"},
+                           {"-h", "--help"}});
   if (!args.ok()) return Fail("perplexity", args.status(), true);
   if (args->Has("--help")) {
-    std::puts("usage: thermocline perplexity -m MODEL -f TEXT [--ctx 512] [--threads N] "
-              "[--activation A] [--json]");
+    std::puts(
+        "usage: thermocline perplexity -m MODEL -f TEXT [--ctx 512] [--threads N] "
+        "[--activation A] [--json]");
     std::fputs(kSparseUsage, stdout);
     return 0;
   }
@@ -40,8 +45,8 @@ int RunPerplexity(int argc, char** argv) {
   if (!model.ok()) return Fail("perplexity", model.status());
   if (*ctx < 4 || *ctx > (*model)->hparams().n_ctx_train) {
     return Fail("perplexity",
-                absl::InvalidArgumentError(absl::StrCat("--ctx must be in [4, ",
-                                                        (*model)->hparams().n_ctx_train, "]")),
+                absl::InvalidArgumentError(
+                    absl::StrCat("--ctx must be in [4, ", (*model)->hparams().n_ctx_train, "]")),
                 true);
   }
   ThreadPool pool(*threads);
@@ -68,12 +73,9 @@ int RunPerplexity(int argc, char** argv) {
   });
   if (!result.ok()) return Fail("perplexity", result.status());
   if (json) {
-    nlohmann::json out = {{"ppl", result->ppl},
-                          {"chunks", result->chunk_ppl},
-                          {"ctx", result->n_ctx},
-                          {"tokens_scored", result->tokens_scored},
-                          {"seconds", result->seconds},
-                          {"sparse", *sparse != nullptr}};
+    nlohmann::json out = {{"ppl", result->ppl},         {"chunks", result->chunk_ppl},
+                          {"ctx", result->n_ctx},       {"tokens_scored", result->tokens_scored},
+                          {"seconds", result->seconds}, {"sparse", *sparse != nullptr}};
     if (*sparse != nullptr) {
       out["predicted_active"] = active(&SparseFfnStats::predicted);
       out["fired"] = active(&SparseFfnStats::fired);

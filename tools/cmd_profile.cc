@@ -12,7 +12,8 @@
 namespace thermocline::cli {
 namespace {
 
-constexpr char kUsage[] = R"(usage: thermocline profile -m MODEL [--corpus FILE | --self-generate] -o SIDECAR [options]
+constexpr char kUsage[] =
+    R"(usage: thermocline profile -m MODEL [--corpus FILE | --self-generate] -o SIDECAR [options]
   -m, --model FILE          GGUF model
   --corpus FILE             profiling text (stories separated by blank lines)
   --self-generate           profile text the model samples itself (the default without --corpus)
@@ -35,13 +36,13 @@ constexpr char kUsage[] = R"(usage: thermocline profile -m MODEL [--corpus FILE 
 }  // namespace
 
 int RunProfile(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv,
-                          {"--model", "--corpus", "--tokens", "--output", "--report", "--plots",
-                           "--recall", "--budget", "--samples", "--epochs", "--chunk",
-                           "--target-sparsity", "--seed", "--threads", "--activation"},
-                          {"--self-generate", "--quiet", "--help"},
-                          {{"-m", "--model"}, {"-o", "--output"}, {"-t", "--threads"},
-                           {"-h", "--help"}});
+  auto args =
+      Args::Parse(argc, argv,
+                  {"--model", "--corpus", "--tokens", "--output", "--report", "--plots", "--recall",
+                   "--budget", "--samples", "--epochs", "--chunk", "--target-sparsity", "--seed",
+                   "--threads", "--activation"},
+                  {"--self-generate", "--quiet", "--help"},
+                  {{"-m", "--model"}, {"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("profile", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -70,8 +71,8 @@ int RunProfile(int argc, char** argv) {
   for (auto* v : {&recall, &budget, &target}) {
     if (!v->ok()) return Fail("profile", v->status(), true);
   }
-  if (*recall <= 0 || *recall >= 1 || *budget <= 0 || *target < 0 || *target >= 1 ||
-      *tokens <= 0 || *samples < 16 || *epochs < 1) {
+  if (*recall <= 0 || *recall >= 1 || *budget <= 0 || *target < 0 || *target >= 1 || *tokens <= 0 ||
+      *samples < 16 || *epochs < 1) {
     return Fail("profile",
                 absl::InvalidArgumentError("--recall and --target-sparsity must be in (0, 1), "
                                            "--budget > 0, --tokens > 0, --samples >= 16, "
@@ -95,9 +96,9 @@ int RunProfile(int argc, char** argv) {
   if (!model.ok()) return Fail("profile", model.status());
   ThreadPool pool(*threads);
   const std::string model_path = *args->Get("--model");
-  auto result = offline::RunProfilePipeline(
-      **model, std::filesystem::path(model_path).filename().string(), pool, o,
-      args->Has("--quiet") ? nullptr : stderr);
+  auto result =
+      offline::RunProfilePipeline(**model, std::filesystem::path(model_path).filename().string(),
+                                  pool, o, args->Has("--quiet") ? nullptr : stderr);
   if (!result.ok()) return Fail("profile", result.status());
   const std::string out = *args->Get("--output");
   if (absl::Status s = offline::WriteSidecar(result->sidecar, out); !s.ok()) {
@@ -123,11 +124,12 @@ int RunProfile(int argc, char** argv) {
                 l["predictor_bytes"].get<double>() / 1024);
   }
   const auto& t = report["totals"];
-  std::printf("%lld tokens profiled in %.1f s, predictors trained in %.1f s: %.1f KiB "
-              "(%.1f%% of FFN weights); sidecar %s\n",
-              static_cast<long long>(result->source.tokens), result->profile_seconds,
-              result->train_seconds, t["predictor_bytes"].get<double>() / 1024,
-              100 * t["predictor_fraction_of_ffn"].get<double>(), out.c_str());
+  std::printf(
+      "%lld tokens profiled in %.1f s, predictors trained in %.1f s: %.1f KiB "
+      "(%.1f%% of FFN weights); sidecar %s\n",
+      static_cast<long long>(result->source.tokens), result->profile_seconds, result->train_seconds,
+      t["predictor_bytes"].get<double>() / 1024, 100 * t["predictor_fraction_of_ffn"].get<double>(),
+      out.c_str());
   return 0;
 }
 

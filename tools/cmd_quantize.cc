@@ -20,8 +20,8 @@ int RunQuantize(int argc, char** argv) {
   const GgmlTypeInfo* type = FindGgmlTypeByName(type_name);
   if (type == nullptr || !type->computable) {
     return Fail("quantize",
-                absl::InvalidArgumentError(absl::StrCat("--type ", type_name,
-                                                        ": expected f32, f16, bf16, q8_0 or q4_0")),
+                absl::InvalidArgumentError(
+                    absl::StrCat("--type ", type_name, ": expected f32, f16, bf16, q8_0 or q4_0")),
                 true);
   }
   auto threads = ThreadsFromArgs(*args);
@@ -31,13 +31,13 @@ int RunQuantize(int argc, char** argv) {
   const std::string& out = args->positionals()[1];
   auto stats = QuantizeModel(in, out, type->type, pool);
   if (!stats.ok()) return Fail("quantize", stats.status());
-  std::printf("%s -> %s (%s): %lld tensors converted, %lld kept, %lld as f16 fallback; "
-              "%.2f MiB -> %.2f MiB\n",
-              in.c_str(), out.c_str(), std::string(type->name).c_str(),
-              static_cast<long long>(stats->tensors_converted),
-              static_cast<long long>(stats->tensors_kept),
-              static_cast<long long>(stats->tensors_fallback), stats->bytes_in / 1048576.0,
-              stats->bytes_out / 1048576.0);
+  std::printf(
+      "%s -> %s (%s): %lld tensors converted, %lld kept, %lld as f16 fallback; "
+      "%.2f MiB -> %.2f MiB\n",
+      in.c_str(), out.c_str(), std::string(type->name).c_str(),
+      static_cast<long long>(stats->tensors_converted), static_cast<long long>(stats->tensors_kept),
+      static_cast<long long>(stats->tensors_fallback), stats->bytes_in / 1048576.0,
+      stats->bytes_out / 1048576.0);
   return 0;
 }
 

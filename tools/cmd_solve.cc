@@ -11,7 +11,8 @@
 namespace thermocline::cli {
 namespace {
 
-constexpr char kUsage[] = R"(usage: thermocline solve -m MODEL --sidecar FILE --gpu-memory BYTES [options]
+constexpr char kUsage[] =
+    R"(usage: thermocline solve -m MODEL --sidecar FILE --gpu-memory BYTES [options]
   -m, --model FILE          GGUF model the sidecar was profiled for
   --sidecar FILE            sidecar from `thermocline profile`; the placement is written into it
   --gpu-memory BYTES        GPU memory budget (512M, 8G, 8GiB, ...; default: the hardware's)
@@ -36,13 +37,13 @@ constexpr char kUsage[] = R"(usage: thermocline solve -m MODEL --sidecar FILE --
 }  // namespace
 
 int RunSolve(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv,
-                          {"--model", "--sidecar", "--gpu-memory", "--hardware", "--objective",
-                           "--bucket", "--min-neurons", "--context", "--time-limit",
-                           "--cpu-bandwidth", "--plots", "--threads", "--activation", "--gap",
-                           "--save-hardware"},
-                          {"--json", "--dry-run", "--help"},
-                          {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}});
+  auto args =
+      Args::Parse(argc, argv,
+                  {"--model", "--sidecar", "--gpu-memory", "--hardware", "--objective", "--bucket",
+                   "--min-neurons", "--context", "--time-limit", "--cpu-bandwidth", "--plots",
+                   "--threads", "--activation", "--gap", "--save-hardware"},
+                  {"--json", "--dry-run", "--help"},
+                  {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("solve", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -118,30 +119,31 @@ int RunSolve(int argc, char** argv) {
   }
   const auto& c = j["chosen"];
   const auto& o = j["other"];
-  std::printf("hardware %s: GPU %.0f GB/s, CPU %.1f GB/s measured/configured; budget %.1f MiB, "
-              "min %lld neurons per GPU layer\n",
-              hw.name.c_str(), hw.gpu_bandwidth_gbps, hw.cpu_bandwidth_gbps,
-              *budget / 1048576.0, static_cast<long long>(run->problem.min_neurons));
+  std::printf(
+      "hardware %s: GPU %.0f GB/s, CPU %.1f GB/s measured/configured; budget %.1f MiB, "
+      "min %lld neurons per GPU layer\n",
+      hw.name.c_str(), hw.gpu_bandwidth_gbps, hw.cpu_bandwidth_gbps, *budget / 1048576.0,
+      static_cast<long long>(run->problem.min_neurons));
   for (const auto& l : j["layers"]) {
     std::printf("  layer %3d: %5lld / %lld neurons on GPU, attention %s\n", l["layer"].get<int>(),
                 l["gpu_neurons"].get<long long>(), l["n_ff"].get<long long>(),
                 l["attention_gpu"].get<bool>() ? "GPU" : "CPU");
   }
-  const std::string quality =
-      c["optimal"].get<bool>()
-          ? absl::StrCat("optimal within ", 100 * so.relative_gap, "%")
-          : absl::StrCat("time limit, best found, gap ", 100 * c["relative_gap"].get<double>(), "%");
-  std::printf("objective %s (%s, %.2f s): %.1f%% of neurons and %.1f%% of firing mass on the "
-              "GPU, %.1f MiB used; modelled %.1f tokens/s\n",
-              c["objective"].get<std::string>().c_str(), quality.c_str(),
-              c["solver_seconds"].get<double>(), 100 * c["gpu_neuron_fraction"].get<double>(),
-              100 * c["gpu_mass_fraction"].get<double>(), c["gpu_bytes"].get<double>() / 1048576,
-              c["modelled_tokens_per_s"].get<double>());
-  std::printf("objective %s for comparison: %.1f%% of firing mass on the GPU, modelled %.1f "
-              "tokens/s; all on CPU: %.1f tokens/s\n",
-              o["objective"].get<std::string>().c_str(),
-              100 * o["gpu_mass_fraction"].get<double>(), o["modelled_tokens_per_s"].get<double>(),
-              j["all_cpu_tokens_per_s"].get<double>());
+  const std::string quality = c["optimal"].get<bool>()
+                                  ? absl::StrCat("optimal within ", 100 * so.relative_gap, "%")
+                                  : absl::StrCat("time limit, best found, gap ",
+                                                 100 * c["relative_gap"].get<double>(), "%");
+  std::printf(
+      "objective %s (%s, %.2f s): %.1f%% of neurons and %.1f%% of firing mass on the "
+      "GPU, %.1f MiB used; modelled %.1f tokens/s\n",
+      c["objective"].get<std::string>().c_str(), quality.c_str(), c["solver_seconds"].get<double>(),
+      100 * c["gpu_neuron_fraction"].get<double>(), 100 * c["gpu_mass_fraction"].get<double>(),
+      c["gpu_bytes"].get<double>() / 1048576, c["modelled_tokens_per_s"].get<double>());
+  std::printf(
+      "objective %s for comparison: %.1f%% of firing mass on the GPU, modelled %.1f "
+      "tokens/s; all on CPU: %.1f tokens/s\n",
+      o["objective"].get<std::string>().c_str(), 100 * o["gpu_mass_fraction"].get<double>(),
+      o["modelled_tokens_per_s"].get<double>(), j["all_cpu_tokens_per_s"].get<double>());
   if (!args->Has("--dry-run")) std::printf("placement written to %s\n", sidecar_path->c_str());
   return 0;
 }

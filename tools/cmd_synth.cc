@@ -8,17 +8,17 @@
 namespace thermocline::cli {
 
 int RunSynth(int argc, char** argv) {
-  auto args = Args::Parse(
-      argc, argv,
-      {"--layers", "--embd", "--ff", "--heads", "--kv-heads", "--vocab", "--ctx", "--type",
-       "--activation", "--seed", "--output", "--threads"},
-      {"--help"}, {{"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
+  auto args = Args::Parse(argc, argv,
+                          {"--layers", "--embd", "--ff", "--heads", "--kv-heads", "--vocab",
+                           "--ctx", "--type", "--activation", "--seed", "--output", "--threads"},
+                          {"--help"}, {{"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("synth", args.status(), true);
   if (args->Has("--help") || !args->Get("--output")) {
-    std::fputs("usage: thermocline synth --layers L --embd D --ff F --heads H --kv-heads K "
-               "--vocab V [--ctx N] [--type f16|q8_0|q4_0] [--activation silu|relu|drelu] "
-               "[--seed S] -o FILE\n",
-               args->Has("--help") ? stdout : stderr);
+    std::fputs(
+        "usage: thermocline synth --layers L --embd D --ff F --heads H --kv-heads K "
+        "--vocab V [--ctx N] [--type f16|q8_0|q4_0] [--activation silu|relu|drelu] "
+        "[--seed S] -o FILE\n",
+        args->Has("--help") ? stdout : stderr);
     return args->Has("--help") ? 0 : 2;
   }
   SynthOptions o;
@@ -26,9 +26,13 @@ int RunSynth(int argc, char** argv) {
     const char* flag;
     int64_t* dst;
   };
-  for (IntFlag f : {IntFlag{"--layers", &o.n_layer}, {"--embd", &o.n_embd}, {"--ff", &o.n_ff},
-                    {"--heads", &o.n_head}, {"--kv-heads", &o.n_head_kv},
-                    {"--vocab", &o.n_vocab}, {"--ctx", &o.n_ctx}}) {
+  for (IntFlag f : {IntFlag{"--layers", &o.n_layer},
+                    {"--embd", &o.n_embd},
+                    {"--ff", &o.n_ff},
+                    {"--heads", &o.n_head},
+                    {"--kv-heads", &o.n_head_kv},
+                    {"--vocab", &o.n_vocab},
+                    {"--ctx", &o.n_ctx}}) {
     auto v = args->GetInt(f.flag, *f.dst);
     if (!v.ok()) return Fail("synth", v.status(), true);
     *f.dst = *v;
@@ -40,9 +44,10 @@ int RunSynth(int argc, char** argv) {
   const std::string type_name = args->GetOr("--type", "f16");
   const GgmlTypeInfo* type = FindGgmlTypeByName(type_name);
   if (type == nullptr || !type->computable) {
-    return Fail("synth", absl::InvalidArgumentError(absl::StrCat("--type ", type_name,
-                                                                 ": expected f32, f16, bf16, "
-                                                                 "q8_0 or q4_0")),
+    return Fail("synth",
+                absl::InvalidArgumentError(absl::StrCat("--type ", type_name,
+                                                        ": expected f32, f16, bf16, "
+                                                        "q8_0 or q4_0")),
                 true);
   }
   o.type = type->type;

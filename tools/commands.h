@@ -22,7 +22,7 @@ int RunQuantize(int argc, char** argv);
 int RunSynth(int argc, char** argv);
 int RunProfile(int argc, char** argv);  // tools/cmd_profile.cc
 int RunSolve(int argc, char** argv);    // tools/cmd_solve.cc
-int RunServe(int argc, char** argv);  // tools/cmd_serve.cc
+int RunServe(int argc, char** argv);    // tools/cmd_serve.cc
 
 // Prints "thermocline <command>: <message>" to stderr; returns 2 for usage errors, else 1.
 int Fail(const std::string& command, const absl::Status& status, bool usage = false);

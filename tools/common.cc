@@ -1,9 +1,9 @@
 // Pieces shared by the subcommands: error reporting and model loading from flags.
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "engine/util/thread_pool.h"
-#include <filesystem>
 #include "offline/sparse_loader.h"
 #include "tools/commands.h"
 

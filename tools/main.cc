@@ -21,7 +21,8 @@ constexpr Command kCommands[] = {
     {"bench", thermocline::cli::RunBench, "prefill/decode speed and memory bandwidth"},
     {"quantize", thermocline::cli::RunQuantize, "convert a GGUF model to f16 / q8_0 / q4_0"},
     {"synth", thermocline::cli::RunSynth, "write a random-weight llama GGUF of any shape"},
-    {"profile", thermocline::cli::RunProfile, "profile neuron activity, train predictors (sidecar)"},
+    {"profile", thermocline::cli::RunProfile,
+     "profile neuron activity, train predictors (sidecar)"},
     {"solve", thermocline::cli::RunSolve, "place hot neurons on the GPU (ILP) into the sidecar"},
 };
 

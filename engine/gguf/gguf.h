@@ -137,8 +137,8 @@ class GgufFile {
   std::string path_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
-  void* mapping_ = nullptr;       // mmap'd region, or nullptr
-  std::vector<uint8_t> owned_;    // FromBytes copy
+  void* mapping_ = nullptr;     // mmap'd region, or nullptr
+  std::vector<uint8_t> owned_;  // FromBytes copy
   uint32_t version_ = 0;
   bool powerinfer_ = false;
   uint64_t alignment_ = 32;

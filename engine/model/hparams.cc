@@ -78,16 +78,17 @@ absl::StatusOr<LlamaHparams> LlamaHparams::FromGguf(
   }
   if (h.n_embd % h.n_head != 0) {
     return absl::InvalidArgumentError(absl::StrCat("llama.embedding_length (", h.n_embd,
-                                                   ") is not a multiple of head_count (",
-                                                   h.n_head, ")"));
+                                                   ") is not a multiple of head_count (", h.n_head,
+                                                   ")"));
   }
   h.head_dim = h.n_embd / h.n_head;
   auto key_len = file.GetInt(p + "attention.key_length", h.head_dim);
   if (!key_len.ok()) return key_len.status();
   if (*key_len != h.head_dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("llama.attention.key_length = ", *key_len, " differs from embedding_length / "
-                     "head_count = ", h.head_dim, "; such models are not supported"));
+    return absl::InvalidArgumentError(absl::StrCat("llama.attention.key_length = ", *key_len,
+                                                   " differs from embedding_length / "
+                                                   "head_count = ",
+                                                   h.head_dim, "; such models are not supported"));
   }
   auto rope_dim = file.GetInt(p + "rope.dimension_count", h.head_dim);
   if (!rope_dim.ok()) return rope_dim.status();
@@ -140,9 +141,8 @@ absl::StatusOr<LlamaHparams> LlamaHparams::FromGguf(
   auto vocab_key = file.GetInt(p + "vocab_size", h.n_vocab);
   if (!vocab_key.ok()) return vocab_key.status();
   if (*vocab_key != h.n_vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("llama.vocab_size = ", *vocab_key,
-                                                   " but token_embd.weight has ", h.n_vocab,
-                                                   " rows"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama.vocab_size = ", *vocab_key, " but token_embd.weight has ", h.n_vocab, " rows"));
   }
   return h;
 }

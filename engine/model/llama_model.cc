@@ -19,8 +19,8 @@ absl::StatusOr<WeightView> Matrix(const GgufFile& file, const std::string& name,
   if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is missing"));
   if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape ",
-                                                   ShapeString(t->dims), ", expected {", cols,
-                                                   ", ", rows, "}"));
+                                                   ShapeString(t->dims), ", expected {", cols, ", ",
+                                                   rows, "}"));
   }
   if (KernelsFor(t->type) == nullptr) {
     return absl::UnimplementedError(absl::StrCat("tensor ", name, " has type ", TypeName(t->type),
@@ -42,8 +42,8 @@ absl::StatusOr<std::vector<float>> Vector(const GgufFile& file, const std::strin
   const GgufTensorInfo* t = file.FindTensor(name);
   if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is missing"));
   if (t->dims.size() != 1 || t->dims[0] != n) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape ",
-                                                   ShapeString(t->dims), ", expected {", n, "}"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", name, " has shape ", ShapeString(t->dims), ", expected {", n, "}"));
   }
   const TypeKernels* k = KernelsFor(t->type);
   if (k == nullptr) {
@@ -75,9 +75,9 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr
   if (!tok.ok()) return tok.status();
   model->tokenizer_ = std::move(*tok);
   if (model->tokenizer_->vocab_size() != model->hparams_.n_vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer has ", model->tokenizer_->vocab_size(), " tokens but token_embd.weight has ",
-        model->hparams_.n_vocab, " rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer has ", model->tokenizer_->vocab_size(),
+                     " tokens but token_embd.weight has ", model->hparams_.n_vocab, " rows"));
   }
   if (absl::Status s = model->Bind(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(model->file_->path(), ": ", s.message()));

@@ -15,20 +15,25 @@ namespace {
 // llama.cpp's general.file_type values (enum llama_ftype).
 uint32_t FileTypeOf(GgmlType type) {
   switch (type) {
-    case GgmlType::kF32: return 0;
-    case GgmlType::kF16: return 1;
-    case GgmlType::kQ4_0: return 2;
-    case GgmlType::kQ8_0: return 7;
-    case GgmlType::kBF16: return 32;
-    default: return 0;
+    case GgmlType::kF32:
+      return 0;
+    case GgmlType::kF16:
+      return 1;
+    case GgmlType::kQ4_0:
+      return 2;
+    case GgmlType::kQ8_0:
+      return 7;
+    case GgmlType::kBF16:
+      return 32;
+    default:
+      return 0;
   }
 }
 
 }  // namespace
 
-absl::StatusOr<QuantizeStats> QuantizeModel(const std::string& in_path,
-                                            const std::string& out_path, GgmlType type,
-                                            ThreadPool& pool) {
+absl::StatusOr<QuantizeStats> QuantizeModel(const std::string& in_path, const std::string& out_path,
+                                            GgmlType type, ThreadPool& pool) {
   if (KernelsFor(type) == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot quantize to ", TypeName(type), " (f32, f16, bf16, q8_0, q4_0)"));
@@ -52,8 +57,7 @@ absl::StatusOr<QuantizeStats> QuantizeModel(const std::string& in_path,
     const bool matrix = t.dims.size() == 2 && absl::EndsWith(t.name, ".weight");
     if (matrix) {
       target = type;
-      const bool output_head =
-          t.name == "output.weight" || (tied && t.name == "token_embd.weight");
+      const bool output_head = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
       if (type == GgmlType::kQ4_0 && output_head) target = GgmlType::kQ8_0;
       if (t.dims[0] % TypeInfo(target).block_size != 0) {
         target = GgmlType::kF16;

@@ -9,8 +9,7 @@
 
 namespace thermocline {
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model,
-                                                         ThreadPool* pool,
+absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model, ThreadPool* pool,
                                                          const SessionOptions& options) {
   const LlamaHparams& h = model.hparams();
   const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : h.n_ctx_train;
@@ -23,8 +22,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model
   }
   const uint64_t kv_bytes = 2ull * h.n_layer * n_ctx * h.kv_dim() * sizeof(float);
   if (kv_bytes > (uint64_t{1} << 38)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a KV cache of ", n_ctx, " positions needs ", kv_bytes >> 20, " MiB; use a shorter context"));
+    return absl::ResourceExhaustedError(absl::StrCat("a KV cache of ", n_ctx, " positions needs ",
+                                                     kv_bytes >> 20,
+                                                     " MiB; use a shorter context"));
   }
   return std::unique_ptr<Session>(
       new Session(model, pool, n_ctx, std::min(options.max_batch, n_ctx)));
@@ -37,8 +37,8 @@ Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64
   v_cache_.assign(h.n_layer * n_ctx * h.kv_dim(), 0.0f);
   inv_freq_.resize(h.rope_dim / 2);
   for (int64_t i = 0; i < h.rope_dim / 2; ++i) {
-    inv_freq_[i] = static_cast<float>(
-        std::pow(static_cast<double>(h.rope_freq_base), -2.0 * i / static_cast<double>(h.rope_dim)));
+    inv_freq_[i] = static_cast<float>(std::pow(static_cast<double>(h.rope_freq_base),
+                                               -2.0 * i / static_cast<double>(h.rope_dim)));
   }
   rope_.resize(max_batch * h.rope_dim);
   x_.resize(max_batch * h.n_embd);

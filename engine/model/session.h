@@ -28,14 +28,13 @@ class FfnObserver {
 };
 
 struct SessionOptions {
-  int64_t n_ctx = 0;        // KV cache length; 0: the model's training context
-  int64_t max_batch = 64;   // tokens evaluated per forward pass during prefill
+  int64_t n_ctx = 0;       // KV cache length; 0: the model's training context
+  int64_t max_batch = 64;  // tokens evaluated per forward pass during prefill
 };
 
 class Session {
  public:
-  static absl::StatusOr<std::unique_ptr<Session>> Create(const LlamaModel& model,
-                                                         ThreadPool* pool,
+  static absl::StatusOr<std::unique_ptr<Session>> Create(const LlamaModel& model, ThreadPool* pool,
                                                          const SessionOptions& options = {});
 
   // Evaluates tokens at positions n_past() .. n_past() + size - 1, in chunks of max_batch.
@@ -72,21 +71,21 @@ class Session {
   FfnObserver* observer_ = nullptr;
   FfnBackend* ffn_backend_ = nullptr;
 
-  std::vector<float> k_cache_;  // (n_layer, n_ctx, kv_dim)
-  std::vector<float> v_cache_;  // (n_layer, n_ctx, kv_dim)
-  std::vector<float> inv_freq_; // (rope_dim / 2)
-  std::vector<float> rope_;     // (max_batch, rope_dim): cos, sin pairs per token
-  std::vector<float> x_;        // (max_batch, n_embd) residual stream
-  std::vector<float> xb_;       // (max_batch, n_embd)
-  std::vector<float> q_;        // (max_batch, q_dim)
-  std::vector<float> k_;        // (max_batch, kv_dim)
-  std::vector<float> v_;        // (max_batch, kv_dim)
-  std::vector<float> att_out_;  // (max_batch, q_dim)
-  std::vector<float> ffn_out_;  // (max_batch, n_embd)
-  std::vector<float> scores_;   // (threads, n_ctx)
-  std::vector<float> gate_;     // (max_batch, n_ff)
-  std::vector<float> up_;       // (max_batch, n_ff)
-  std::vector<float> logits_;   // (n_vocab)
+  std::vector<float> k_cache_;   // (n_layer, n_ctx, kv_dim)
+  std::vector<float> v_cache_;   // (n_layer, n_ctx, kv_dim)
+  std::vector<float> inv_freq_;  // (rope_dim / 2)
+  std::vector<float> rope_;      // (max_batch, rope_dim): cos, sin pairs per token
+  std::vector<float> x_;         // (max_batch, n_embd) residual stream
+  std::vector<float> xb_;        // (max_batch, n_embd)
+  std::vector<float> q_;         // (max_batch, q_dim)
+  std::vector<float> k_;         // (max_batch, kv_dim)
+  std::vector<float> v_;         // (max_batch, kv_dim)
+  std::vector<float> att_out_;   // (max_batch, q_dim)
+  std::vector<float> ffn_out_;   // (max_batch, n_embd)
+  std::vector<float> scores_;    // (threads, n_ctx)
+  std::vector<float> gate_;      // (max_batch, n_ff)
+  std::vector<float> up_;        // (max_batch, n_ff)
+  std::vector<float> logits_;    // (n_vocab)
   MatMulScratch scratch_;
 };
 

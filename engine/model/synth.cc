@@ -63,8 +63,8 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
   }
   const int64_t block = TypeInfo(o.type).block_size;
   if (o.n_embd % block != 0 || o.n_ff % block != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("synth: embd and ff must be multiples of ",
-                                                   block, " for ", TypeName(o.type)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("synth: embd and ff must be multiples of ", block, " for ", TypeName(o.type)));
   }
   const int64_t head_dim = o.n_embd / o.n_head;
 

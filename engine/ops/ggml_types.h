@@ -44,10 +44,10 @@ enum class GgmlType : uint32_t {
 
 struct GgmlTypeInfo {
   GgmlType type;
-  const char* name;       // as llama.cpp prints it: "f32", "q4_0", ...
-  int64_t block_size;     // elements per block
-  int64_t type_size;      // bytes per block
-  bool computable;        // Thermocline has kernels for it (dequantize, dot)
+  const char* name;    // as llama.cpp prints it: "f32", "q4_0", ...
+  int64_t block_size;  // elements per block
+  int64_t type_size;   // bytes per block
+  bool computable;     // Thermocline has kernels for it (dequantize, dot)
 };
 
 // nullptr for a number that is not a ggml type.
@@ -66,11 +66,11 @@ inline size_t RowBytes(GgmlType type, int64_t n) {
 constexpr int kQK4_0 = 32;
 constexpr int kQK8_0 = 32;
 struct BlockQ4_0 {
-  uint16_t d;               // scale, IEEE half
-  uint8_t qs[kQK4_0 / 2];   // element i in low nibble of qs[i], element i+16 in the high nibble
+  uint16_t d;              // scale, IEEE half
+  uint8_t qs[kQK4_0 / 2];  // element i in low nibble of qs[i], element i+16 in the high nibble
 };
 struct BlockQ8_0 {
-  uint16_t d;               // scale, IEEE half
+  uint16_t d;  // scale, IEEE half
   int8_t qs[kQK8_0];
 };
 static_assert(sizeof(BlockQ4_0) == 18);

@@ -17,8 +17,7 @@ double Median(std::vector<double> v) {
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -27,15 +26,15 @@ absl::StatusOr<BenchResult> BenchModel(const LlamaModel& model, ThreadPool& pool
                                        const BenchOptions& options) {
   const LlamaHparams& h = model.hparams();
   if (options.prompt_tokens < 1 || options.gen_tokens < 1 || options.repetitions < 1) {
-    return absl::InvalidArgumentError("bench: prompt and generated tokens and repetitions must be positive");
+    return absl::InvalidArgumentError(
+        "bench: prompt and generated tokens and repetitions must be positive");
   }
   SessionOptions so;
   so.n_ctx = options.prompt_tokens + options.gen_tokens + 1;
   so.max_batch = options.prompt_tokens;
   if (so.n_ctx > h.n_ctx_train) {
-    return absl::InvalidArgumentError(absl::StrCat("bench: ", so.n_ctx,
-                                                   " tokens exceed the model's context ",
-                                                   h.n_ctx_train));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bench: ", so.n_ctx, " tokens exceed the model's context ", h.n_ctx_train));
   }
   auto session = Session::Create(model, &pool, so);
   if (!session.ok()) return session.status();
@@ -46,7 +45,8 @@ absl::StatusOr<BenchResult> BenchModel(const LlamaModel& model, ThreadPool& pool
   uint32_t x = 12345;
   for (int32_t& t : prompt) {
     x = x * 1664525u + 1013904223u;
-    t = static_cast<int32_t>(3 + (x >> 8) % static_cast<uint32_t>(std::max<int64_t>(1, h.n_vocab - 3)));
+    t = static_cast<int32_t>(3 +
+                             (x >> 8) % static_cast<uint32_t>(std::max<int64_t>(1, h.n_vocab - 3)));
   }
   BenchResult r;
   r.weight_bytes = model.weight_bytes();
@@ -58,7 +58,8 @@ absl::StatusOr<BenchResult> BenchModel(const LlamaModel& model, ThreadPool& pool
     t0 = Now();
     for (int64_t i = 0; i < options.gen_tokens; ++i) {
       const float* logits = s.logits();
-      const int32_t next = static_cast<int32_t>(std::max_element(logits, logits + h.n_vocab) - logits);
+      const int32_t next =
+          static_cast<int32_t>(std::max_element(logits, logits + h.n_vocab) - logits);
       if (absl::Status st = s.Eval({&next, 1}); !st.ok()) return st;
     }
     const double decode_s = Now() - t0;

@@ -22,8 +22,8 @@ struct BenchResult {
   double decode_tokens_per_s = 0;  // median over repetitions
   std::vector<double> prompt_runs;
   std::vector<double> decode_runs;
-  uint64_t weight_bytes = 0;       // weights read per decoded token
-  double decode_weight_gbps = 0;   // weight_bytes * decode_tokens_per_s
+  uint64_t weight_bytes = 0;      // weights read per decoded token
+  double decode_weight_gbps = 0;  // weight_bytes * decode_tokens_per_s
 };
 
 absl::StatusOr<BenchResult> BenchModel(const LlamaModel& model, ThreadPool& pool,

@@ -39,7 +39,9 @@ struct GenerationResult {
   double prompt_seconds = 0;  // prefill
   double decode_seconds = 0;  // evaluating generated tokens
   int64_t decode_evals = 0;   // single-token forward passes timed by decode_seconds
-  double prompt_tokens_per_s() const { return prompt_seconds > 0 ? prompt_tokens / prompt_seconds : 0; }
+  double prompt_tokens_per_s() const {
+    return prompt_seconds > 0 ? prompt_tokens / prompt_seconds : 0;
+  }
   double decode_tokens_per_s() const {
     return decode_seconds > 0 ? decode_evals / decode_seconds : 0;
   }

@@ -13,8 +13,8 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(
     const std::function<void(int64_t, double)>& on_chunk) {
   if (n_ctx < 4) return absl::InvalidArgumentError("perplexity needs a context of at least 4");
   if (n_ctx > session.n_ctx()) {
-    return absl::InvalidArgumentError(absl::StrCat("perplexity context ", n_ctx,
-                                                   " exceeds the session's ", session.n_ctx()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("perplexity context ", n_ctx, " exceeds the session's ", session.n_ctx()));
   }
   const Tokenizer& tok = session.model().tokenizer();
   std::vector<int32_t> tokens = tok.Encode(text, tok.add_bos());
@@ -54,8 +54,7 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(
     if (on_chunk) on_chunk(c, ppl);
   }
   result.ppl = result.chunk_ppl.back();
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   session.Reset();
   return result;
 }

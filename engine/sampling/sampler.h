@@ -11,15 +11,15 @@
 namespace thermocline {
 
 struct SamplingParams {
-  float temperature = 0.8f;  // <= 0: greedy
-  int32_t top_k = 40;        // <= 0: off
-  float top_p = 0.95f;       // >= 1: off
-  float min_p = 0.05f;       // <= 0: off
-  float repeat_penalty = 1.0f;      // llama.cpp semantics: divide positive logits, multiply negative
-  float frequency_penalty = 0.0f;   // OpenAI semantics: minus penalty * count
-  float presence_penalty = 0.0f;    // OpenAI semantics: minus penalty if present
-  int32_t penalty_last_n = 64;      // window of recent tokens the penalties see; -1 all
-  uint64_t seed = 0xFFFFFFFFull;    // kRandomSeed: from the clock
+  float temperature = 0.8f;        // <= 0: greedy
+  int32_t top_k = 40;              // <= 0: off
+  float top_p = 0.95f;             // >= 1: off
+  float min_p = 0.05f;             // <= 0: off
+  float repeat_penalty = 1.0f;     // llama.cpp semantics: divide positive logits, multiply negative
+  float frequency_penalty = 0.0f;  // OpenAI semantics: minus penalty * count
+  float presence_penalty = 0.0f;   // OpenAI semantics: minus penalty if present
+  int32_t penalty_last_n = 64;     // window of recent tokens the penalties see; -1 all
+  uint64_t seed = 0xFFFFFFFFull;   // kRandomSeed: from the clock
   static constexpr uint64_t kRandomSeed = 0xFFFFFFFFull;
 
   static SamplingParams Greedy();

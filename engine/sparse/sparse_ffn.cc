@@ -48,10 +48,10 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& m
     if (KernelsFor(L.ffn_gate.type) == nullptr || KernelsFor(L.ffn_up.type) == nullptr) {
       return absl::UnimplementedError(absl::StrCat("layer ", l, ": FFN type has no kernels"));
     }
-    if (p.rank > 0 && (p.fc1.view.rows != p.rank || p.fc1.view.cols != h.n_embd ||
-                       p.fc2.view.rows != h.n_ff || p.fc2.view.cols != p.rank ||
-                       static_cast<int64_t>(p.b1.size()) != p.rank ||
-                       static_cast<int64_t>(p.b2.size()) != h.n_ff)) {
+    if (p.rank > 0 &&
+        (p.fc1.view.rows != p.rank || p.fc1.view.cols != h.n_embd || p.fc2.view.rows != h.n_ff ||
+         p.fc2.view.cols != p.rank || static_cast<int64_t>(p.b1.size()) != p.rank ||
+         static_cast<int64_t>(p.b2.size()) != h.n_ff)) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": predictor shapes"));
     }
     for (int32_t i : p.device_neurons) {
@@ -69,8 +69,8 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& m
   return f;
 }
 
-SparseFfn::SparseFfn(const LlamaModel& model, std::vector<SparseLayerPlan> plan,
-                     ThreadPool* pool, const SparseFfnOptions& options)
+SparseFfn::SparseFfn(const LlamaModel& model, std::vector<SparseLayerPlan> plan, ThreadPool* pool,
+                     const SparseFfnOptions& options)
     : model_(model), plan_(std::move(plan)), pool_(pool), options_(options) {
   const LlamaHparams& h = model.hparams();
   int64_t max_rank = 0, max_conv = 0;
@@ -100,8 +100,7 @@ SparseFfn::SparseFfn(const LlamaModel& model, std::vector<SparseLayerPlan> plan,
 
 SparseFfn::~SparseFfn() = default;
 
-void SparseFfn::Forward(int layer, const float* x, const float* xn, int64_t n_tokens,
-                        float* out) {
+void SparseFfn::Forward(int layer, const float* x, const float* xn, int64_t n_tokens, float* out) {
   if (n_tokens > 1 && options_.dense_prefill && session_ != nullptr) {
     session_->DenseFfn(layer, x, xn, n_tokens, out);
     return;
@@ -180,8 +179,8 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
   const SparseLayerPlan& p = plan_[layer];
   ThreadPool& pool = *e.pool;
   if (!have_act) {
-    SparseMatVec(pool, *KernelsFor(L.ffn_gate.type), L.ffn_gate, x_gate_.data(), e.idx.data(),
-                 n, e.gate.data());
+    SparseMatVec(pool, *KernelsFor(L.ffn_gate.type), L.ffn_gate, x_gate_.data(), e.idx.data(), n,
+                 e.gate.data());
     SparseMatVec(pool, *KernelsFor(L.ffn_up.type), L.ffn_up, x_up_.data(), e.idx.data(), n,
                  e.up.data());
     GatedActivation(model_.hparams().activation, e.gate.data(), e.up.data(), n);
@@ -195,8 +194,8 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
   for (int64_t j = 0; j < n; ++j) fired += e.gate[j] != 0.0f;
   e.fired = fired;
   const OwnedWeight& dt = down_t_[layer];
-  SparseAxpy(pool, *KernelsFor(dt.view.type), dt.view, e.idx.data(), e.gate.data(), n,
-             e.out.data(), e.scratch);
+  SparseAxpy(pool, *KernelsFor(dt.view.type), dt.view, e.idx.data(), e.gate.data(), n, e.out.data(),
+             e.scratch);
 }
 
 double SparseFfn::DenseBytesPerToken() const {
@@ -215,7 +214,8 @@ double SparseFfn::PredictorBytesPerToken() const {
   for (const SparseLayerPlan& p : plan_) {
     if (p.rank == 0) continue;
     bytes += static_cast<double>(p.fc1.view.row_bytes) * p.fc1.view.rows +
-             static_cast<double>(p.fc2.view.row_bytes) * p.fc2.view.rows + 4.0 * (p.rank + p.b2.size());
+             static_cast<double>(p.fc2.view.row_bytes) * p.fc2.view.rows +
+             4.0 * (p.rank + p.b2.size());
   }
   return bytes;
 }
@@ -229,8 +229,9 @@ double SparseFfn::SparseBytesPerToken() const {
     for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) {
       bytes += static_cast<double>(w->row_bytes) * w->rows;
     }
-    const double gu = options_.oracle ? (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * L.ffn_gate.rows
-                                      : (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * predicted_per_layer;
+    const double gu = options_.oracle
+                          ? (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * L.ffn_gate.rows
+                          : (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * predicted_per_layer;
     bytes += gu + down_t_[l].view.row_bytes * fired_per_layer;
   }
   return bytes + PredictorBytesPerToken();

@@ -23,13 +23,13 @@ namespace thermocline {
 // What the engine needs per layer (built from a sidecar by offline/sparse_loader.h, or from a
 // model that carries predictors).
 struct SparseLayerPlan {
-  int64_t rank = 0;               // 0: no predictor, every neuron is a candidate
-  OwnedWeight fc1;                // (rank, n_embd), any type with kernels
-  std::vector<float> b1;          // (rank)
-  OwnedWeight fc2;                // (n_ff, rank)
-  std::vector<float> b2;          // (n_ff)
-  float threshold = 0.0f;         // predicted active iff logit > threshold
-  float magnitude_threshold = 0;  // fired iff |act| > this
+  int64_t rank = 0;                     // 0: no predictor, every neuron is a candidate
+  OwnedWeight fc1;                      // (rank, n_embd), any type with kernels
+  std::vector<float> b1;                // (rank)
+  OwnedWeight fc2;                      // (n_ff, rank)
+  std::vector<float> b2;                // (n_ff)
+  float threshold = 0.0f;               // predicted active iff logit > threshold
+  float magnitude_threshold = 0;        // fired iff |act| > this
   std::vector<int32_t> device_neurons;  // the placement's device part (empty: all host)
 };
 
@@ -41,11 +41,11 @@ struct SparseFfnOptions {
 };
 
 struct SparseFfnStats {
-  int64_t layer_tokens = 0;    // (token, layer) pairs computed sparsely
-  double predicted = 0;        // Σ predicted-active neurons
-  double fired = 0;            // Σ neurons with a nonzero activation after thresholds
-  double predictor_s = 0;      // time in predictors
-  double total_s = 0;          // time in Forward
+  int64_t layer_tokens = 0;  // (token, layer) pairs computed sparsely
+  double predicted = 0;      // Σ predicted-active neurons
+  double fired = 0;          // Σ neurons with a nonzero activation after thresholds
+  double predictor_s = 0;    // time in predictors
+  double total_s = 0;        // time in Forward
 };
 
 class SparseFfn : public FfnBackend {
@@ -57,8 +57,7 @@ class SparseFfn : public FfnBackend {
                                                            const SparseFfnOptions& options);
   ~SparseFfn() override;
 
-  void Forward(int layer, const float* x, const float* xn, int64_t n_tokens,
-               float* out) override;
+  void Forward(int layer, const float* x, const float* xn, int64_t n_tokens, float* out) override;
   // The session whose DenseFfn serves prefill when options.dense_prefill.
   void set_session(Session* session) { session_ = session; }
 
@@ -82,19 +81,19 @@ class SparseFfn : public FfnBackend {
 
   const LlamaModel& model_;
   std::vector<SparseLayerPlan> plan_;
-  std::vector<OwnedWeight> down_t_;             // per layer (n_ff, n_embd)
-  std::vector<std::vector<uint8_t>> on_device_; // per layer (n_ff) 1: device part
+  std::vector<OwnedWeight> down_t_;              // per layer (n_ff, n_embd)
+  std::vector<std::vector<uint8_t>> on_device_;  // per layer (n_ff) 1: device part
   ThreadPool* pool_;
   SparseFfnOptions options_;
   Session* session_ = nullptr;
   std::unique_ptr<ThreadPool> device_pool_;
-  std::unique_ptr<ThreadPool> dispatch_pool_;   // 2 threads: host part, device part
+  std::unique_ptr<ThreadPool> dispatch_pool_;  // 2 threads: host part, device part
   std::unique_ptr<Executor> host_, device_;
 
   // Shared per-token buffers, sized at construction.
-  std::vector<uint8_t> x_gate_, x_up_;  // xn converted for gate's / up's vec_dot
-  std::vector<float> hidden_;           // (max rank)
-  std::vector<float> logits_;           // (n_ff)
+  std::vector<uint8_t> x_gate_, x_up_;        // xn converted for gate's / up's vec_dot
+  std::vector<float> hidden_;                 // (max rank)
+  std::vector<float> logits_;                 // (n_ff)
   std::vector<float> dense_gate_, dense_up_;  // (n_ff), oracle
   MatMulScratch matmul_scratch_;
   SparseFfnStats stats_;

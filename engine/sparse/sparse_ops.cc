@@ -48,9 +48,8 @@ inline void Axpy(float a, const float* row, int64_t n, float* acc) {
 
 }  // namespace
 
-void SparseAxpy(ThreadPool& pool, const TypeKernels& k, const WeightView& w_t,
-                const int32_t* idx, const float* act, int64_t n_active, float* out,
-                SparseScratch& scratch) {
+void SparseAxpy(ThreadPool& pool, const TypeKernels& k, const WeightView& w_t, const int32_t* idx,
+                const float* act, int64_t n_active, float* out, SparseScratch& scratch) {
   const int64_t n = w_t.cols;
   // Drop exact zeros first so that the split below is by rows that do work.
   int32_t* nz_idx = scratch.nz_idx();

@@ -29,10 +29,10 @@ class SparseScratch {
  private:
   int n_threads_ = 0;
   int64_t cols_ = 0;
-  std::vector<float> acc_;      // (n_threads, max_cols) per-thread accumulators
-  std::vector<float> row_;      // (n_threads, max_cols) one dequantized down_t row per thread
-  std::vector<int32_t> nz_idx_; // (max_active) active neurons with a nonzero activation
-  std::vector<float> nz_act_;   // (max_active)
+  std::vector<float> acc_;       // (n_threads, max_cols) per-thread accumulators
+  std::vector<float> row_;       // (n_threads, max_cols) one dequantized down_t row per thread
+  std::vector<int32_t> nz_idx_;  // (max_active) active neurons with a nonzero activation
+  std::vector<float> nz_act_;    // (max_active)
 };
 
 // Bytes of n activations converted to the vec_dot_type of `k`.
@@ -48,9 +48,8 @@ void SparseMatVec(ThreadPool& pool, const TypeKernels& k, const WeightView& w, c
 // out: (w_t.cols) = Σ_j act[j] · w_t.row(idx[j]) over j < n_active, act[j] == 0 skipped.
 // w_t: (n_ff, n_embd), the transposed down. Per-thread accumulators, reduced explicitly;
 // threads get equal numbers of nonzero rows. k: the kernels of w_t.type.
-void SparseAxpy(ThreadPool& pool, const TypeKernels& k, const WeightView& w_t,
-                const int32_t* idx, const float* act, int64_t n_active, float* out,
-                SparseScratch& scratch);
+void SparseAxpy(ThreadPool& pool, const TypeKernels& k, const WeightView& w_t, const int32_t* idx,
+                const float* act, int64_t n_active, float* out, SparseScratch& scratch);
 
 // Scalar references (dequantize each row, float arithmetic, double accumulation).
 void SparseMatVecReference(const WeightView& w, const float* x, const int32_t* idx,

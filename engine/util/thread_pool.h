@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <type_traits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace thermocline {

@@ -74,8 +74,8 @@ absl::StatusOr<PredictorSet> TrainPredictors(ThreadPool& pool, const LlamaModel&
                          SkewFraction(stats.fire_count, 0.8));
     start_bytes += static_cast<double>(bytes_for(std::min(start[l], max_useful_rank)));
   }
-  const double scale = std::min(1.0, 0.7 * static_cast<double>(set.budget_bytes) /
-                                         std::max(1.0, start_bytes));
+  const double scale =
+      std::min(1.0, 0.7 * static_cast<double>(set.budget_bytes) / std::max(1.0, start_bytes));
   uint64_t planned = 0;
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     size_t i = NearestLadderIndex(std::max<int64_t>(
@@ -89,8 +89,8 @@ absl::StatusOr<PredictorSet> TrainPredictors(ThreadPool& pool, const LlamaModel&
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     // This layer may grow into what is left after every later layer keeps its start rank.
     planned -= bytes_for(ladder[first_index[l]]);
-    const uint64_t remaining = set.budget_bytes > used + planned ? set.budget_bytes - used - planned
-                                                                 : 0;
+    const uint64_t remaining =
+        set.budget_bytes > used + planned ? set.budget_bytes - used - planned : 0;
     size_t hi = 0;
     while (hi + 1 < ladder.size() && ladder[hi + 1] <= max_useful_rank &&
            bytes_for(ladder[hi + 1]) <= remaining) {

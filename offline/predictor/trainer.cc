@@ -7,8 +7,8 @@
 #include <array>
 #include <bit>
 #include <chrono>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -37,17 +37,18 @@ struct Adam {
 };
 
 // 1 / (1 + e^-z) with e^x as 2^(x log2 e): integer part into the exponent bits, fractional part
-// by a degree-5 polynomial (relative error below 1e-4, in the far tails). Branch-free arithmetic (even the clamp), so
-// loops over it vectorize on baseline x86-64; the loss gradient needs no more accuracy.
+// by a degree-5 polynomial (relative error below 1e-4, in the far tails). Branch-free arithmetic
+// (even the clamp), so loops over it vectorize on baseline x86-64; the loss gradient needs no more
+// accuracy.
 inline float FastSigmoid(float z) {
   float x = -z * 1.44269504f;
   x = 0.5f * (std::fabs(x + 120.0f) - std::fabs(x - 120.0f));  // clamp to [-120, 120]
-  const int32_t i = static_cast<int32_t>(x + 128.0f) - 128;  // floor for x > -128
+  const int32_t i = static_cast<int32_t>(x + 128.0f) - 128;    // floor for x > -128
   const float f = x - static_cast<float>(i);
   const float p =
-      1.0f + f * (0.693147182f +
-                  f * (0.240226507f + f * (0.0555041087f + f * (0.00961812911f +
-                                                                 f * 0.00133335581f))));
+      1.0f +
+      f * (0.693147182f +
+           f * (0.240226507f + f * (0.0555041087f + f * (0.00961812911f + f * 0.00133335581f))));
   const int32_t bits = (i + 127) << 23;
   return 1.0f / (1.0f + p * std::bit_cast<float>(bits));
 }
@@ -108,8 +109,8 @@ double LayerDataset::ActiveFraction(Split s) const {
   return static_cast<double>(ones) / (static_cast<double>(n[s]) * n_ff);
 }
 
-LayerDataset BuildLayerDataset(const ActivationProfiler& profiler, int layer,
-                               const float* ffn_norm, float rms_eps) {
+LayerDataset BuildLayerDataset(const ActivationProfiler& profiler, int layer, const float* ffn_norm,
+                               float rms_eps) {
   LayerDataset d;
   d.n_embd = profiler.n_embd();
   d.n_ff = profiler.n_ff();

@@ -28,8 +28,8 @@ struct LayerDataset {
 };
 
 // ffn_norm: (n_embd) weights of the layer's FFN RMSNorm.
-LayerDataset BuildLayerDataset(const ActivationProfiler& profiler, int layer,
-                               const float* ffn_norm, float rms_eps);
+LayerDataset BuildLayerDataset(const ActivationProfiler& profiler, int layer, const float* ffn_norm,
+                               float rms_eps);
 
 struct TrainOptions {
   int epochs = 12;
@@ -51,7 +51,7 @@ struct PredictorEval {
 };
 
 struct TrainedPredictor {
-  Predictor predictor;   // F16-rounded, threshold set
+  Predictor predictor;  // F16-rounded, threshold set
   PredictorEval calib;
   PredictorEval test;
   double test_recall_at_zero = 0;  // recall at the plain decision threshold (logit 0)

@@ -51,8 +51,7 @@ double SkewFraction(const std::vector<uint64_t>& fire_count, double mass) {
   return 1.0;
 }
 
-ActivationProfiler::ActivationProfiler(const LlamaHparams& hparams,
-                                       const ProfilerOptions& options)
+ActivationProfiler::ActivationProfiler(const LlamaHparams& hparams, const ProfilerOptions& options)
     : options_(options),
       n_layer_(hparams.n_layer),
       n_embd_(hparams.n_embd),

@@ -18,10 +18,10 @@
 namespace thermocline::offline {
 
 struct ProfilerOptions {
-  int64_t max_samples = 4096;       // reservoir size (same tokens for every layer)
-  double heldout_fraction = 0.25;   // share of samples kept out of predictor training
-  double target_sparsity = 0.5;     // SwiGLU only: fraction of |act| counted as not firing
-  int64_t calibration_tokens = 256; // SwiGLU only
+  int64_t max_samples = 4096;        // reservoir size (same tokens for every layer)
+  double heldout_fraction = 0.25;    // share of samples kept out of predictor training
+  double target_sparsity = 0.5;      // SwiGLU only: fraction of |act| counted as not firing
+  int64_t calibration_tokens = 256;  // SwiGLU only
   uint64_t seed = 0x7e53;
 };
 
@@ -37,11 +37,11 @@ inline int AbsHistBin(float v) {
 float AbsHistBinUpper(int bin);
 
 struct LayerStats {
-  std::vector<uint64_t> fire_count;   // (n_ff) tokens on which the neuron fired
-  std::vector<double> abs_sum;        // (n_ff) sum of |act| over counted tokens
-  std::vector<uint64_t> abs_hist;     // (kAbsHistBins) |act| of every neuron and token
-  uint64_t fired_total = 0;           // sum of fire_count
-  float threshold = 0.0f;             // fired iff |act| > threshold
+  std::vector<uint64_t> fire_count;  // (n_ff) tokens on which the neuron fired
+  std::vector<double> abs_sum;       // (n_ff) sum of |act| over counted tokens
+  std::vector<uint64_t> abs_hist;    // (kAbsHistBins) |act| of every neuron and token
+  uint64_t fired_total = 0;          // sum of fire_count
+  float threshold = 0.0f;            // fired iff |act| > threshold
   bool calibrated = false;
 
   // The |act| value below or at which a fraction q of all observed activations lie.

@@ -95,9 +95,9 @@ absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& po
         std::vector<int32_t> ids = tok.Encode(story, tok.add_bos());
         stream.insert(stream.end(), ids.begin(), ids.end());
       }
-      const int64_t need = options.tokens - profiler.tokens() +
-                           std::max<int64_t>(0, profiler.options().calibration_tokens -
-                                                    profiler.observed_tokens());
+      const int64_t need =
+          options.tokens - profiler.tokens() +
+          std::max<int64_t>(0, profiler.options().calibration_tokens - profiler.observed_tokens());
       const int64_t n = std::min<int64_t>({chunk, static_cast<int64_t>(stream.size()), need});
       if (n <= 0) break;
       (*session)->Reset();
@@ -111,8 +111,8 @@ absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& po
     }
   } else {
     Fnv1a64 h;
-    const std::string settings = absl::StrCat("self-generate seed=", options.seed,
-                                              " temperature=", options.temperature);
+    const std::string settings =
+        absl::StrCat("self-generate seed=", options.seed, " temperature=", options.temperature);
     h.Update(settings);
     source.kind = "self-generate";
     source.corpus_hash = h.Hex();

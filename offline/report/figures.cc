@@ -92,8 +92,8 @@ absl::Status WritePlacementPlot(const PlacementRun& run, const std::string& dir)
     v[2].push_back(x.attention_gpu[l] ? 100.0 : 0.0);
   }
   PlotOptions o;
-  o.title = absl::StrCat("GPU placement (", ObjectiveName(run.objective), ", ",
-                         run.hardware.name, ")");
+  o.title =
+      absl::StrCat("GPU placement (", ObjectiveName(run.objective), ", ", run.hardware.name, ")");
   o.x_label = "layer";
   o.y_label = "% on the GPU";
   return WriteText(dir, "placement.svg",

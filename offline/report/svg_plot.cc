@@ -16,11 +16,20 @@ std::string Escape(const std::string& s) {
   std::string out;
   for (char ch : s) {
     switch (ch) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += ch;
     }
   }
   return out;
@@ -65,7 +74,8 @@ struct Axis {
       for (double v = lo; v <= hi * 1.0001; v *= 10) t.push_back(v);
     } else {
       const double step = NiceStep((hi - lo) / 5);
-      for (double v = lo; v <= hi + step * 1e-6; v += step) t.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
+      for (double v = lo; v <= hi + step * 1e-6; v += step)
+        t.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
     }
     return t;
   }
@@ -84,8 +94,8 @@ void Frame(std::ostringstream& o, const PlotOptions& opt, const Axis& ax, const 
     << "\" fill=\"none\" stroke=\"black\"/>\n";
   for (double v : ay.Ticks()) {
     const double py = kTop + ph * (1 - ay.Frac(v));
-    o << "<line x1=\"" << kLeft << "\" x2=\"" << kLeft + pw << "\" y1=\"" << py << "\" y2=\""
-      << py << "\" stroke=\"#ddd\"/><text x=\"" << kLeft - 6 << "\" y=\"" << py + 4
+    o << "<line x1=\"" << kLeft << "\" x2=\"" << kLeft + pw << "\" y1=\"" << py << "\" y2=\"" << py
+      << "\" stroke=\"#ddd\"/><text x=\"" << kLeft - 6 << "\" y=\"" << py + 4
       << "\" text-anchor=\"end\">" << Num(v) << "</text>\n";
   }
   if (x_ticks) {
@@ -158,8 +168,7 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
 
 std::string GroupedBarSvg(const std::vector<std::string>& categories,
                           const std::vector<std::string>& series_labels,
-                          const std::vector<std::vector<double>>& values,
-                          const PlotOptions& opt) {
+                          const std::vector<std::vector<double>>& values, const PlotOptions& opt) {
   double mx = 0;
   for (const auto& row : values) {
     for (double v : row) {

@@ -30,15 +30,15 @@ absl::Status CheckSidecarMatches(const Sidecar& s, const LlamaModel& model) {
   }
   const std::string identity = ModelIdentity(model.gguf());
   if (s.model_identity != identity) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sidecar belongs to another model: its model identity is ", s.model_identity, " ('",
-        s.model_name, "'), this model's is ", identity,
-        " (same shapes, but other tensors, types or sizes)", redo));
+    return absl::FailedPreconditionError(
+        absl::StrCat("sidecar belongs to another model: its model identity is ", s.model_identity,
+                     " ('", s.model_name, "'), this model's is ", identity,
+                     " (same shapes, but other tensors, types or sizes)", redo));
   }
   if (s.activation != ActivationName(hp.activation)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("sidecar was profiled with activation '", s.activation,
-                     "' but the model runs '", ActivationName(hp.activation), "'", redo));
+    return absl::FailedPreconditionError(absl::StrCat("sidecar was profiled with activation '",
+                                                      s.activation, "' but the model runs '",
+                                                      ActivationName(hp.activation), "'", redo));
   }
   return absl::OkStatus();
 }

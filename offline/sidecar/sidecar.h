@@ -22,12 +22,12 @@ constexpr int kQuantileLevels = 101;  // |act| quantiles at 0.00, 0.01, ..., 1.0
 
 struct SidecarLayer {
   // Profile.
-  std::vector<int32_t> fire_count;         // (n_ff) tokens on which each neuron fired
-  std::vector<float> act_abs_mean;         // (n_ff) mean |act| per neuron
-  std::vector<float> act_abs_quantiles;    // (kQuantileLevels) of |act| over all neurons
-  float magnitude_threshold = 0.0f;        // fired iff |act| > this (0 for ReLU family)
-  double sparsity = 0;                     // mean fraction of neurons not firing per token
-  double skew80 = 0;                       // fraction of neurons carrying 80% of firings
+  std::vector<int32_t> fire_count;       // (n_ff) tokens on which each neuron fired
+  std::vector<float> act_abs_mean;       // (n_ff) mean |act| per neuron
+  std::vector<float> act_abs_quantiles;  // (kQuantileLevels) of |act| over all neurons
+  float magnitude_threshold = 0.0f;      // fired iff |act| > this (0 for ReLU family)
+  double sparsity = 0;                   // mean fraction of neurons not firing per token
+  double skew80 = 0;                     // fraction of neurons carrying 80% of firings
   // Predictor (rank 0: none).
   Predictor predictor;
   double recall = 0;
@@ -37,22 +37,22 @@ struct SidecarLayer {
   // the rest; both lists ascending by neuron id within their part.
   bool attention_gpu = false;
   int64_t n_gpu = 0;
-  std::vector<int32_t> neuron_order;       // (n_ff)
+  std::vector<int32_t> neuron_order;  // (n_ff)
 };
 
 struct SidecarPlacement {
   bool present = false;
-  std::string objective;         // "time" or "frequency"
-  std::string hardware;          // the hardware profile's name
+  std::string objective;  // "time" or "frequency"
+  std::string hardware;   // the hardware profile's name
   uint64_t gpu_budget_bytes = 0;
-  uint64_t gpu_bytes = 0;        // what the placement puts on the GPU
+  uint64_t gpu_bytes = 0;  // what the placement puts on the GPU
   int64_t bucket_size = 0;
   int64_t min_neurons = 0;
-  int64_t context = 0;           // KV cache length the memory was computed for
+  int64_t context = 0;  // KV cache length the memory was computed for
   bool output_gpu = false;
   double gpu_neuron_fraction = 0;
-  double gpu_mass_fraction = 0;  // of all firings
-  double tokens_per_s = 0;       // modelled, for this placement
+  double gpu_mass_fraction = 0;       // of all firings
+  double tokens_per_s = 0;            // modelled, for this placement
   double tokens_per_s_time = 0;       // modelled, best placement of objective "time"
   double tokens_per_s_frequency = 0;  // modelled, best placement of objective "frequency"
 };

@@ -90,8 +90,8 @@ absl::StatusOr<std::vector<double>> LayerArray(const GgufFile& f, const std::str
     return Corrupt(f.path(), absl::StrCat("key ", Key(name), " is missing or not an array"));
   }
   if (static_cast<int64_t>(out.size()) != n_layer) {
-    return Corrupt(f.path(), absl::StrCat("key ", Key(name), " has ", out.size(),
-                                          " entries for ", n_layer, " layers"));
+    return Corrupt(f.path(), absl::StrCat("key ", Key(name), " has ", out.size(), " entries for ",
+                                          n_layer, " layers"));
   }
   return out;
 }
@@ -120,8 +120,10 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
   w.SetString(Key("predictor.input"), "ffn_norm");
   w.SetFloat32(Key("predictor.target_recall"), static_cast<float>(s.target_recall));
   w.Set(Key("predictor.rank"),
-        Uints(s.layers, [](auto& l) { return l.predictor.rank; }, GgufValueType::kUint32));
-  w.Set(Key("predictor.threshold"), Floats(s.layers, [](auto& l) { return l.predictor.threshold; }));
+        Uints(
+            s.layers, [](auto& l) { return l.predictor.rank; }, GgufValueType::kUint32));
+  w.Set(Key("predictor.threshold"),
+        Floats(s.layers, [](auto& l) { return l.predictor.threshold; }));
   w.Set(Key("predictor.recall"), Floats(s.layers, [](auto& l) { return l.recall; }));
   w.Set(Key("predictor.precision"), Floats(s.layers, [](auto& l) { return l.precision; }));
   w.Set(Key("predictor.predicted_active"),
@@ -144,22 +146,23 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
     w.SetFloat32(Key("placement.tokens_per_s_frequency"),
                  static_cast<float>(p.tokens_per_s_frequency));
     w.Set(Key("placement.attention_gpu"),
-          Uints(s.layers, [](auto& l) { return l.attention_gpu ? 1 : 0; }, GgufValueType::kUint8));
+          Uints(
+              s.layers, [](auto& l) { return l.attention_gpu ? 1 : 0; }, GgufValueType::kUint8));
     w.Set(Key("placement.gpu_neurons"),
-          Uints(s.layers, [](auto& l) { return l.n_gpu; }, GgufValueType::kUint32));
+          Uints(
+              s.layers, [](auto& l) { return l.n_gpu; }, GgufValueType::kUint32));
   }
   const int64_t d = s.n_embd, f = s.n_ff;
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const SidecarLayer& L = s.layers[l];
     const Predictor& pr = L.predictor;
     const std::vector<std::pair<std::string, absl::Status>> adds = {
-        {"fire_count", w.AddTensorCopy(TensorName(l, "fire_count"), GgmlType::kI32, {f},
-                                       Bytes(L.fire_count))},
+        {"fire_count",
+         w.AddTensorCopy(TensorName(l, "fire_count"), GgmlType::kI32, {f}, Bytes(L.fire_count))},
         {"act_abs_mean", w.AddTensorCopy(TensorName(l, "act_abs_mean"), GgmlType::kF32, {f},
                                          Bytes(L.act_abs_mean))},
-        {"act_abs_quantiles",
-         w.AddTensorCopy(TensorName(l, "act_abs_quantiles"), GgmlType::kF32, {kQuantileLevels},
-                         Bytes(L.act_abs_quantiles))}};
+        {"act_abs_quantiles", w.AddTensorCopy(TensorName(l, "act_abs_quantiles"), GgmlType::kF32,
+                                              {kQuantileLevels}, Bytes(L.act_abs_quantiles))}};
     for (const auto& [what, st] : adds) {
       if (!st.ok()) return st;
     }
@@ -206,15 +209,18 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
   auto num = [&](const std::string& k) { return f.GetInt(Key(k)); };
   auto flt = [&](const std::string& k) { return f.GetFloat(Key(k)); };
   for (auto [dst, k] : {std::pair{&s.model_identity, "model.identity"},
-                        {&s.model_name, "model.name"}, {&s.activation, "model.activation"},
+                        {&s.model_name, "model.name"},
+                        {&s.activation, "model.activation"},
                         {&s.corpus_kind, "profile.source"},
                         {&s.corpus_hash, "profile.corpus_hash"}}) {
     auto v = str(k);
     if (!v.ok()) return Corrupt(path, v.status().message());
     *dst = *v;
   }
-  for (auto [dst, k] : {std::pair{&s.n_layer, "model.n_layer"}, {&s.n_embd, "model.n_embd"},
-                        {&s.n_ff, "model.n_ff"}, {&s.tokens, "profile.tokens"}}) {
+  for (auto [dst, k] : {std::pair{&s.n_layer, "model.n_layer"},
+                        {&s.n_embd, "model.n_embd"},
+                        {&s.n_ff, "model.n_ff"},
+                        {&s.tokens, "profile.tokens"}}) {
     auto v = num(k);
     if (!v.ok()) return Corrupt(path, v.status().message());
     *dst = *v;
@@ -302,21 +308,25 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
     Predictor& pr = y.predictor;
     absl::Status st = ReadTensor(f, TensorName(l, "fire_count"), GgmlType::kI32, {nf},
                                  &unused_floats, &y.fire_count);
-    if (st.ok()) st = ReadTensor(f, TensorName(l, "act_abs_mean"), GgmlType::kF32, {nf},
-                                 &y.act_abs_mean, &unused_ints);
-    if (st.ok()) st = ReadTensor(f, TensorName(l, "act_abs_quantiles"), GgmlType::kF32,
-                                 {kQuantileLevels}, &y.act_abs_quantiles, &unused_ints);
+    if (st.ok())
+      st = ReadTensor(f, TensorName(l, "act_abs_mean"), GgmlType::kF32, {nf}, &y.act_abs_mean,
+                      &unused_ints);
+    if (st.ok())
+      st = ReadTensor(f, TensorName(l, "act_abs_quantiles"), GgmlType::kF32, {kQuantileLevels},
+                      &y.act_abs_quantiles, &unused_ints);
     if (st.ok() && pr.rank > 0) {
       pr.n_embd = d;
       pr.n_ff = nf;
       st = ReadTensor(f, TensorName(l, "pred_fc1"), GgmlType::kF16, {d, pr.rank}, &pr.fc1,
                       &unused_ints);
-      if (st.ok()) st = ReadTensor(f, TensorName(l, "pred_fc1_b"), GgmlType::kF32, {pr.rank},
-                                   &pr.b1, &unused_ints);
-      if (st.ok()) st = ReadTensor(f, TensorName(l, "pred_fc2"), GgmlType::kF16, {pr.rank, nf},
-                                   &pr.fc2, &unused_ints);
-      if (st.ok()) st = ReadTensor(f, TensorName(l, "pred_fc2_b"), GgmlType::kF32, {nf}, &pr.b2,
-                                   &unused_ints);
+      if (st.ok())
+        st = ReadTensor(f, TensorName(l, "pred_fc1_b"), GgmlType::kF32, {pr.rank}, &pr.b1,
+                        &unused_ints);
+      if (st.ok())
+        st = ReadTensor(f, TensorName(l, "pred_fc2"), GgmlType::kF16, {pr.rank, nf}, &pr.fc2,
+                        &unused_ints);
+      if (st.ok())
+        st = ReadTensor(f, TensorName(l, "pred_fc2_b"), GgmlType::kF32, {nf}, &pr.b2, &unused_ints);
     }
     if (st.ok() && p.present) {
       st = ReadTensor(f, TensorName(l, "neuron_order"), GgmlType::kI32, {nf}, &unused_floats,

@@ -104,8 +104,8 @@ absl::StatusOr<HardwareProfile> ReadHardwareProfile(const std::string& path) {
   ss << in.rdbuf();
   auto hw = ParseHardwareProfile(ss.str());
   if (!hw.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("hardware profile '", path, "': ",
-                                                   hw.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hardware profile '", path, "': ", hw.status().message()));
   }
   return hw;
 }

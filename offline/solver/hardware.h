@@ -23,7 +23,7 @@ struct HardwareProfile {
   double sync_latency_us = 20.0;      // launch + stream sync per hybrid layer
   // CPU. bandwidth 0: measure with MeasureReadBandwidth.
   double cpu_bandwidth_gbps = 0.0;
-  double cpu_efficiency = 0.8;        // share of streaming bandwidth sparse row reads reach
+  double cpu_efficiency = 0.8;  // share of streaming bandwidth sparse row reads reach
 
   double GpuBytesPerSecond() const { return gpu_bandwidth_gbps * 1e9 * gpu_efficiency; }
   double CpuBytesPerSecond() const { return cpu_bandwidth_gbps * 1e9 * cpu_efficiency; }

@@ -2,8 +2,8 @@
 #include "offline/solver/ilp_solver.h"
 
 #include <chrono>
-#include <iterator>
 #include <cmath>
+#include <iterator>
 #include <vector>
 
 #include "CbcModel.hpp"
@@ -44,8 +44,7 @@ int QuietCallback(CbcModel*, int) { return 0; }
 
 }  // namespace
 
-absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p,
-                                           const SolveOptions& options) {
+absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p, const SolveOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const double min_budget = MinimumUsefulBudget(p);
   if (!(p.budget_bytes >= min_budget)) {
@@ -64,8 +63,7 @@ absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p,
   std::vector<double> mem_coef;
   for (size_t l = 0; l < L; ++l) {
     const LayerCosts& C = p.layers[l];
-    const double attn_time_delta =
-        (C.attn_bytes + C.kv_read_bytes) * (1.0 / g - 1.0 / c) * kMicro;
+    const double attn_time_delta = (C.attn_bytes + C.kv_read_bytes) * (1.0 / g - 1.0 / c) * kMicro;
     a[l] = lp.Add(time ? attn_time_delta : -kFrequencyTieBreak, true);
     u[l] = lp.Add(0, true);
     if (time) {
@@ -84,8 +82,8 @@ absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p,
       mem_coef.push_back(C.bucket_neurons(b) * C.bytes_per_neuron / kMiB);
     }
   }
-  const int o = lp.Add(time ? p.output_bytes * (1.0 / g - 1.0 / c) * kMicro : -kFrequencyTieBreak,
-                       true);
+  const int o =
+      lp.Add(time ? p.output_bytes * (1.0 / g - 1.0 / c) * kMicro : -kFrequencyTieBreak, true);
   mem_idx.push_back(o);
   mem_coef.push_back(p.output_bytes / kMiB);
   lp.rows.setDimensions(0, static_cast<int>(lp.obj.size()));
@@ -141,8 +139,8 @@ absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p,
   model.setUseElapsedTime(true);
   const std::string seconds = absl::StrCat(std::max(0.1, options.time_limit_s));
   const std::string gap = absl::StrCat(std::max(0.0, options.relative_gap));
-  const char* argv[] = {"thermocline", "-timeMode", "elapsed", "-sec",     seconds.c_str(),
-                        "-ratioGap",   gap.c_str(), "-log",     "0",        "-solve",
+  const char* argv[] = {"thermocline", "-timeMode", "elapsed", "-sec", seconds.c_str(),
+                        "-ratioGap",   gap.c_str(), "-log",    "0",    "-solve",
                         "-quit"};
   CbcMain1(static_cast<int>(std::size(argv)), argv, model, QuietCallback, data);
 
@@ -159,8 +157,9 @@ absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p,
   }
   r.placement.output_gpu = sol[o] > 0.5;
   if (!PlacementFeasible(p, r.placement)) {
-    return absl::InternalError("CBC returned a placement that breaks the memory budget or the "
-                               "minimum-neurons rule");
+    return absl::InternalError(
+        "CBC returned a placement that breaks the memory budget or the "
+        "minimum-neurons rule");
   }
   r.optimal = model.isProvenOptimal();
   const double found = model.getObjValue(), bound = model.getBestPossibleObjValue();

@@ -28,10 +28,10 @@ struct SolveOptions {
 
 struct SolveResult {
   Placement placement;
-  bool optimal = false;   // proven optimal within relative_gap (else: time limit reached)
-  double gap = 0;         // relative gap between the solution and CBC's bound
-  double objective = 0;   // PlacementObjective of the placement
-  double seconds = 0;     // solver wall time
+  bool optimal = false;  // proven optimal within relative_gap (else: time limit reached)
+  double gap = 0;        // relative gap between the solution and CBC's bound
+  double objective = 0;  // PlacementObjective of the placement
+  double seconds = 0;    // solver wall time
   int variables = 0;
   int constraints = 0;
 };

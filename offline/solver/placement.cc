@@ -99,8 +99,8 @@ double PlacementFiringMass(const PlacementProblem& p, const Placement& x) {
 
 double TotalFiringMass(const PlacementProblem& p) {
   double m = 0;
-  for (const LayerCosts& L : p.layers) m = std::accumulate(L.bucket_freq.begin(),
-                                                           L.bucket_freq.end(), m);
+  for (const LayerCosts& L : p.layers)
+    m = std::accumulate(L.bucket_freq.begin(), L.bucket_freq.end(), m);
   return m;
 }
 
@@ -121,7 +121,8 @@ double MinimumUsefulBudget(const PlacementProblem& p) {
     const int64_t full = L.bucket_neurons(0);
     const int64_t small = L.bucket_neurons(L.buckets.size() - 1);
     int64_t n = (m + full - 1) / full * full;
-    if (small < full) n = std::min(n, small + (std::max<int64_t>(0, m - small) + full - 1) / full * full);
+    if (small < full)
+      n = std::min(n, small + (std::max<int64_t>(0, m - small) + full - 1) / full * full);
     n = std::min(n, L.n_ff);
     best = std::min(best, n * L.bytes_per_neuron + L.predictor_bytes);
     if (L.attn_bytes > 0) best = std::min(best, L.attn_bytes + L.kv_bytes);
@@ -159,14 +160,13 @@ absl::StatusOr<PlacementProblem> BuildPlacementProblem(const LlamaModel& model,
     max_bpn = std::max(max_bpn, L.bytes_per_neuron);
     L.attn_bytes = MatrixBytes(w.wq) + MatrixBytes(w.wk) + MatrixBytes(w.wv) + MatrixBytes(w.wo);
     L.kv_bytes = 2.0 * context * hp.kv_dim() * 2;  // K and V, f16
-    L.kv_read_bytes = L.kv_bytes / 2;               // at half the context on average
+    L.kv_read_bytes = L.kv_bytes / 2;              // at half the context on average
     L.predictor_bytes = sl.predictor.rank > 0 ? sl.predictor.StorageBytes() : 0;
     const double precision = sl.predictor.rank > 0 && sl.precision > 0 ? sl.precision : 1.0;
     std::vector<int32_t> order(hp.n_ff);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      return sl.fire_count[a] > sl.fire_count[b];
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return sl.fire_count[a] > sl.fire_count[b]; });
     for (int64_t b0 = 0; b0 < hp.n_ff; b0 += options.bucket_size) {
       const int64_t b1 = std::min(hp.n_ff, b0 + options.bucket_size);
       L.buckets.emplace_back(order.begin() + b0, order.begin() + b1);

@@ -21,7 +21,7 @@ absl::StatusOr<Objective> ParseObjective(const std::string& name);
 
 struct LayerCosts {
   std::vector<std::vector<int32_t>> buckets;  // neuron ids, most frequent bucket first
-  std::vector<double> bucket_freq;  // expected firings per token of each bucket
+  std::vector<double> bucket_freq;            // expected firings per token of each bucket
   std::vector<double> bucket_work;  // expected neurons computed per token (firings / precision)
   double bytes_per_neuron = 0;      // gate row + up row + down column
   double attn_bytes = 0;            // attention weights
@@ -34,13 +34,13 @@ struct LayerCosts {
 
 struct PlacementProblem {
   std::vector<LayerCosts> layers;
-  double output_bytes = 0;   // output head weights
+  double output_bytes = 0;  // output head weights
   double budget_bytes = 0;
-  int64_t min_neurons = 0;   // a layer whose FFN uses the GPU holds at least this many there
+  int64_t min_neurons = 0;  // a layer whose FFN uses the GPU holds at least this many there
   double gpu_bytes_per_s = 1;
   double cpu_bytes_per_s = 1;
-  double sync_s = 0;         // per layer that uses the GPU
-  int64_t context = 0;       // KV cache length the memory figures are for
+  double sync_s = 0;    // per layer that uses the GPU
+  int64_t context = 0;  // KV cache length the memory figures are for
   // The minimum-neurons rule as applied to layer l (at least 1, at most the layer's size).
   int64_t MinNeurons(size_t l) const;
 };

@@ -34,8 +34,8 @@ nlohmann::json JsonOf(const Result& r) {
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   // Progress or notes may precede the object on stderr; the object is the last thing printed.
-  const size_t start = r.out.find("\n{") == std::string::npos ? r.out.find('{')
-                                                               : r.out.find("\n{") + 1;
+  const size_t start =
+      r.out.find("\n{") == std::string::npos ? r.out.find('{') : r.out.find("\n{") + 1;
   REQUIRE(start != std::string::npos);
   return nlohmann::json::parse(r.out.substr(start));
 }
@@ -117,8 +117,10 @@ TEST_CASE("perplexity --json prints ppl", "[cli]") {
 
 TEST_CASE("synth, quantize and bench work together", "[cli]") {
   const std::string dir = testing::TempDir().string();
-  Result r = Run("synth --layers 2 --embd 128 --ff 352 --heads 4 --kv-heads 2 --vocab 600 "
-                 "--type q8_0 --activation relu -o " + dir + "/synth.gguf");
+  Result r =
+      Run("synth --layers 2 --embd 128 --ff 352 --heads 4 --kv-heads 2 --vocab 600 "
+          "--type q8_0 --activation relu -o " +
+          dir + "/synth.gguf");
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json info = JsonOf(Run("inspect --json " + dir + "/synth.gguf"));
@@ -126,7 +128,8 @@ TEST_CASE("synth, quantize and bench work together", "[cli]") {
   r = Run("quantize " + dir + "/synth.gguf " + dir + "/synth.q4.gguf --type q4_0");
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
-  const nlohmann::json bench = JsonOf(Run("bench -m " + dir + "/synth.q4.gguf --prompt-tokens 16 "
+  const nlohmann::json bench = JsonOf(Run("bench -m " + dir +
+                                          "/synth.q4.gguf --prompt-tokens 16 "
                                           "--gen-tokens 8 --repetitions 2 --threads 2 --json"));
   CHECK(bench["decode_tokens_per_s"].get<double>() > 0);
   CHECK(bench["prompt_tokens_per_s"].get<double>() > 0);
@@ -145,9 +148,9 @@ namespace {
 
 TEST_CASE("bench --hardware measures the CPU and writes a profile solve reads", "[cli]") {
   const std::string out = (testing::TempDir() / "hw.toml").string();
-  const Result r = Run("bench --hardware --threads 2 --gpu-profile " +
-                       std::string(THERMOCLINE_SOURCE_DIR) + "/configs/hardware/rtx4090.toml -o " +
-                       out);
+  const Result r =
+      Run("bench --hardware --threads 2 --gpu-profile " + std::string(THERMOCLINE_SOURCE_DIR) +
+          "/configs/hardware/rtx4090.toml -o " + out);
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   const std::string text = testing::ReadTextFile(out);

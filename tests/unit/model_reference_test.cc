@@ -118,9 +118,8 @@ TEST_CASE("stories260K perplexity matches llama.cpp", "[model][perplexity]") {
   so.max_batch = 128;
   auto session = Session::Create(model, &pool, so);
   REQUIRE(session.ok());
-  auto r = ComputePerplexity(**session,
-                             testing::ReadTextFile(TestModelPath("stories260K.ppl-sample.txt")),
-                             128);
+  auto r = ComputePerplexity(
+      **session, testing::ReadTextFile(TestModelPath("stories260K.ppl-sample.txt")), 128);
   REQUIRE(r.ok());
   // llama-perplexity -c 128 -b 128: chunks 1.7867, 1.7149, 2.0708, 2.2991; final 2.2991.
   REQUIRE(r->chunk_ppl.size() == 4);

@@ -41,8 +41,9 @@ TEST_CASE("profile then solve from the command line", "[offline][cli]") {
   std::filesystem::create_directories(dir);
   const std::string sidecar = dir + "/relu-tiny.thermo.gguf";
   // A short self-generated profile: no corpus needed.
-  Result r = Run("profile -m " + model + " --self-generate --tokens 512 --samples 512 --epochs 2 -o " +
-                 sidecar + " --report " + dir + "/REPORT.json --plots " + dir + "/plots -t 2");
+  Result r =
+      Run("profile -m " + model + " --self-generate --tokens 512 --samples 512 --epochs 2 -o " +
+          sidecar + " --report " + dir + "/REPORT.json --plots " + dir + "/plots -t 2");
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find("profile: done") != std::string::npos);

@@ -19,8 +19,7 @@ bool Contains(const absl::Status& s, const std::string& what) {
   return std::string(s.message()).find(what) != std::string::npos;
 }
 
-TEST_CASE("relu-tiny: profile, predictors, sidecar round trip, refusal, placement",
-          "[offline]") {
+TEST_CASE("relu-tiny: profile, predictors, sidecar round trip, refusal, placement", "[offline]") {
   const std::string path = TestModelPath("relu-tiny.f32.gguf");
   if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
   auto model = LlamaModel::Load(path);

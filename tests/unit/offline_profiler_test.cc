@@ -29,7 +29,8 @@ class DirectCounter final : public FfnObserver {
       double ss = 0;
       for (int64_t i = 0; i < n_embd; ++i) ss += double{xt[i]} * xt[i];
       const double scale = 1.0 / std::sqrt(ss / n_embd + model_.hparams().rms_eps);
-      for (int64_t i = 0; i < n_embd; ++i) xb[i] = static_cast<float>(xt[i] * scale) * w.ffn_norm[i];
+      for (int64_t i = 0; i < n_embd; ++i)
+        xb[i] = static_cast<float>(xt[i] * scale) * w.ffn_norm[i];
       MatMulReference(w.ffn_gate, xb.data(), 1, g.data());
       MatMulReference(w.ffn_up, xb.data(), 1, u.data());
       for (int64_t i = 0; i < n_ff; ++i) {

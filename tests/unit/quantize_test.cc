@@ -1,9 +1,10 @@
 // Models converted by our quantizer keep the F32 model's behaviour within the bounds of each
 // type: greedy tokens (f16, q8_0) and perplexity (f16 1%, q8_0 3%, q4_0 10%).
+#include "engine/model/quantize.h"
+
 #include <algorithm>
 #include <cmath>
 
-#include "engine/model/quantize.h"
 #include "engine/model/session.h"
 #include "engine/runtime/perplexity.h"
 #include "model_fixtures.h"
@@ -36,8 +37,7 @@ std::vector<int32_t> Greedy(const LlamaModel& model, const std::vector<int32_t>&
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
     const float* l = (*session)->logits();
-    const int32_t next =
-        static_cast<int32_t>(std::max_element(l, l + model.hparams().n_vocab) - l);
+    const int32_t next = static_cast<int32_t>(std::max_element(l, l + model.hparams().n_vocab) - l);
     out.push_back(next);
     REQUIRE((*session)->Eval({&next, 1}).ok());
   }

@@ -22,7 +22,9 @@ std::vector<SparseLayerPlan> PlanWithPlacement(const LlamaModel& model, std::mt1
   std::vector<SparseLayerPlan> plan(model.hparams().n_layer);
   for (SparseLayerPlan& p : plan) {
     // mode 0: nothing on the device, 1: everything, 2: a random subset of random size.
-    const double frac = mode == 0 ? 0.0 : mode == 1 ? 1.0 : std::uniform_real_distribution<>(0.05, 0.95)(rng);
+    const double frac = mode == 0   ? 0.0
+                        : mode == 1 ? 1.0
+                                    : std::uniform_real_distribution<>(0.05, 0.95)(rng);
     for (int32_t i = 0; i < n_ff; ++i) {
       if (std::uniform_real_distribution<>(0, 1)(rng) < frac) p.device_neurons.push_back(i);
     }
@@ -50,8 +52,8 @@ TEST_CASE("sparse FFN equals dense; two executors equal one for any placement", 
   REQUIRE(session.ok());
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(h.n_embd), xn(h.n_embd), dense(h.n_embd), single(h.n_embd),
-      split(h.n_embd), oracle(h.n_embd);
+  std::vector<float> x(h.n_embd), xn(h.n_embd), dense(h.n_embd), single(h.n_embd), split(h.n_embd),
+      oracle(h.n_embd);
   for (int mode : {0, 1, 2, 2, 2}) {
     SparseFfnOptions one, two, orc;
     two.split = true;

@@ -30,14 +30,16 @@ OwnedWeight RandomWeight(GgmlType type, int64_t rows, int64_t cols, uint32_t see
   w.data.resize(w.view.row_bytes * rows);
   w.view.data = w.data.data();
   for (int64_t r = 0; r < rows; ++r) {
-    KernelsFor(type, Isa::kScalar)->from_float(v.data() + r * cols, w.data.data() + r * w.view.row_bytes, cols);
+    KernelsFor(type, Isa::kScalar)
+        ->from_float(v.data() + r * cols, w.data.data() + r * w.view.row_bytes, cols);
   }
   return w;
 }
 
 std::vector<float> Dequantized(const WeightView& w) {
   std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
-  for (int64_t r = 0; r < w.rows; ++r) KernelsFor(w.type, Isa::kScalar)->to_float(w.row(r), out.data() + r * w.cols, w.cols);
+  for (int64_t r = 0; r < w.rows; ++r)
+    KernelsFor(w.type, Isa::kScalar)->to_float(w.row(r), out.data() + r * w.cols, w.cols);
   return out;
 }
 
@@ -61,7 +63,8 @@ double DotBound(const float* w, const float* x, int64_t n, bool quantized) {
   if (quantized) {
     for (int64_t b = 0; b < n; b += 32) {
       double amax = 0;
-      for (int64_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
+      for (int64_t i = b; i < b + 32; ++i)
+        amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
       for (int64_t i = b; i < b + 32; ++i) quant_err += 0.6 * amax / 127.0 * std::fabs(w[i]);
     }
   }
@@ -111,8 +114,8 @@ void CheckAxpy(GgmlType type, int64_t n_embd, int64_t n_ff, ThreadPool& pool) {
   REQUIRE(w_t.cols == n_embd);
   if (n_embd % TypeInfo(type).block_size != 0) REQUIRE(w_t.type == GgmlType::kF32);
   const std::vector<float> df = Dequantized(down.view), tf = Dequantized(w_t);
-  const bool exact_transpose = w_t.type == GgmlType::kF32 || type == GgmlType::kF16 ||
-                               type == GgmlType::kBF16;
+  const bool exact_transpose =
+      w_t.type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16;
   if (exact_transpose) {
     for (int64_t r = 0; r < n_embd; ++r)
       for (int64_t c = 0; c < n_ff; ++c) REQUIRE(tf[c * n_embd + r] == df[r * n_ff + c]);
