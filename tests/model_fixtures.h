@@ -1,6 +1,7 @@
 // Shared by the model tests: load a test model once per process, read its reference JSON.
 #pragma once
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "engine/model/llama_model.h"
+#include "engine/model/session.h"
 #include "test_util.h"
 
 namespace thermocline::testing {
@@ -34,6 +36,22 @@ inline std::string ReadTextFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   REQUIRE(in.good());
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Greedy continuation by argmax over the session's logits from an empty cache, no stopping at
+// BOS/EOS (as the reference files were made).
+inline std::vector<int32_t> GreedyIds(Session& session, const std::vector<int32_t>& prompt, int n) {
+  session.Reset();
+  REQUIRE(session.Eval(prompt).ok());
+  std::vector<int32_t> out;
+  const int64_t n_vocab = session.model().hparams().n_vocab;
+  for (int i = 0; i < n; ++i) {
+    const float* l = session.logits();
+    const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+    out.push_back(next);
+    if (i + 1 < n) REQUIRE(session.Eval({&next, 1}).ok());
+  }
+  return out;
 }
 
 }  // namespace thermocline::testing

@@ -1,8 +1,10 @@
 // Helpers shared by the tests: where the test models are, a skip that ctest reports as skipped.
 #pragma once
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +35,25 @@ inline std::filesystem::path TempDir() {
 }
 
 inline std::string ThermoclineBinary() { return THERMOCLINE_BINARY; }
+
+// Output and exit code of the `thermocline` binary run with `args` (stdout and stderr merged).
+struct CliResult {
+  int exit_code;
+  std::string out;
+};
+
+inline CliResult RunThermocline(const std::string& args) {
+  const std::string cmd = ThermoclineBinary() + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  CliResult r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
 
 }  // namespace thermocline::testing
 

@@ -15,19 +15,7 @@ using testing::CachedModel;
 using testing::LoadReference;
 using testing::TestModelPath;
 
-// Greedy continuation by argmax over the session's logits, no stopping at BOS/EOS.
-std::vector<int32_t> GreedyIds(Session& session, const std::vector<int32_t>& prompt, int n) {
-  REQUIRE(session.Eval(prompt).ok());
-  std::vector<int32_t> out;
-  const int64_t n_vocab = session.model().hparams().n_vocab;
-  for (int i = 0; i < n; ++i) {
-    const float* l = session.logits();
-    const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
-    out.push_back(next);
-    if (i + 1 < n) REQUIRE(session.Eval({&next, 1}).ok());
-  }
-  return out;
-}
+using testing::GreedyIds;
 
 void CheckAgainstReference(const std::string& model_file, const std::string& reference_file,
                            int threads) {

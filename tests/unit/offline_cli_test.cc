@@ -16,23 +16,9 @@ namespace {
 using testing::TempDir;
 using testing::TestModelPath;
 
-struct Result {
-  int exit_code;
-  std::string out;  // stdout and stderr
-};
+using Result = testing::CliResult;
 
-Result Run(const std::string& args) {
-  const std::string cmd = testing::ThermoclineBinary() + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  Result r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Result Run(const std::string& args) { return testing::RunThermocline(args); }
 
 TEST_CASE("profile then solve from the command line", "[offline][cli]") {
   const std::string model = TestModelPath("relu-tiny.f32.gguf");

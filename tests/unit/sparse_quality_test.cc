@@ -22,17 +22,7 @@ using testing::TempDir;
 using testing::TestModelPath;
 
 std::vector<int32_t> Greedy(Session& session, const std::vector<int32_t>& prompt, int n) {
-  session.Reset();
-  REQUIRE(session.Eval(prompt).ok());
-  std::vector<int32_t> out;
-  const int64_t n_vocab = session.model().hparams().n_vocab;
-  for (int i = 0; i < n; ++i) {
-    const float* l = session.logits();
-    const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
-    out.push_back(next);
-    if (i + 1 < n) REQUIRE(session.Eval({&next, 1}).ok());
-  }
-  return out;
+  return testing::GreedyIds(session, prompt, n);
 }
 
 TEST_CASE("relu-tiny sparse: perplexity, greedy continuations, oracle", "[sparse]") {
