@@ -16,28 +16,28 @@
 namespace thermocline::cli {
 namespace {
 
-// Median decode tokens/s of `session` (its FFN backend as set): a prompt of prompt_tokens, then
-// gen_tokens single-token evaluations, per repetition.
+// Decode tokens/s of one run of `session` (its FFN backend as set): a prompt of prompt_tokens,
+// then gen_tokens single-token evaluations.
 absl::StatusOr<double> DecodeTokensPerS(Session& session, const BenchOptions& o) {
   const int64_t n_vocab = session.model().hparams().n_vocab;
   std::vector<int32_t> prompt(std::max<int64_t>(o.prompt_tokens, 1));
   for (size_t i = 0; i < prompt.size(); ++i)
     prompt[i] = static_cast<int32_t>((i * 7919 + 1) % n_vocab);
-  std::vector<double> runs;
-  for (int r = 0; r < std::max(1, o.repetitions); ++r) {
-    session.Reset();
-    if (absl::Status s = session.Eval(prompt); !s.ok()) return s;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t t = 0; t < o.gen_tokens; ++t) {
-      const float* l = session.logits();
-      const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
-      if (absl::Status s = session.Eval({&next, 1}); !s.ok()) return s;
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    runs.push_back(o.gen_tokens / s);
+  session.Reset();
+  if (absl::Status s = session.Eval(prompt); !s.ok()) return s;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t t = 0; t < o.gen_tokens; ++t) {
+    const float* l = session.logits();
+    const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+    if (absl::Status s = session.Eval({&next, 1}); !s.ok()) return s;
   }
-  std::sort(runs.begin(), runs.end());
-  return runs[runs.size() / 2];
+  return o.gen_tokens /
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 // Dense and sparse decode in the same run, their ratio, and the ideal ratio from the weight
@@ -47,12 +47,20 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
   auto session = Session::Create(model, &pool);
   if (!session.ok()) return Fail("bench", session.status());
   sparse.set_session(session->get());
-  auto dense_tps = DecodeTokensPerS(**session, o);
-  if (!dense_tps.ok()) return Fail("bench", dense_tps.status());
-  (*session)->set_ffn_backend(&sparse);
   sparse.ResetStats();
-  auto sparse_tps = DecodeTokensPerS(**session, o);
-  if (!sparse_tps.ok()) return Fail("bench", sparse_tps.status());
+  // Interleaved, so that load from elsewhere hits both alike; medians of the runs.
+  std::vector<double> dense_runs, sparse_runs;
+  for (int r = 0; r < std::max(1, o.repetitions); ++r) {
+    for (bool use_sparse : {false, true}) {
+      (*session)->set_ffn_backend(use_sparse ? &sparse : nullptr);
+      auto tps = DecodeTokensPerS(**session, o);
+      if (!tps.ok()) return Fail("bench", tps.status());
+      (use_sparse ? sparse_runs : dense_runs).push_back(*tps);
+    }
+  }
+  const double dense_tps_value = Median(dense_runs), sparse_tps_value = Median(sparse_runs);
+  const double* dense_tps = &dense_tps_value;
+  const double* sparse_tps = &sparse_tps_value;
   const SparseFfnStats& st = sparse.stats();
   const double n_ff = model.hparams().n_ff;
   const double predicted = st.layer_tokens ? st.predicted / st.layer_tokens / n_ff : 0;

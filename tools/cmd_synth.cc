@@ -8,16 +8,20 @@
 namespace thermocline::cli {
 
 int RunSynth(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv,
-                          {"--layers", "--embd", "--ff", "--heads", "--kv-heads", "--vocab",
-                           "--ctx", "--type", "--activation", "--seed", "--output", "--threads"},
-                          {"--help"}, {{"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
+  auto args = Args::Parse(
+      argc, argv,
+      {"--layers", "--embd", "--ff", "--heads", "--kv-heads", "--vocab", "--ctx", "--type",
+       "--activation", "--seed", "--output", "--threads", "--sparsity", "--hot-fraction"},
+      {"--help"}, {{"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("synth", args.status(), true);
   if (args->Has("--help") || !args->Get("--output")) {
     std::fputs(
         "usage: thermocline synth --layers L --embd D --ff F --heads H --kv-heads K "
         "--vocab V [--ctx N] [--type f16|q8_0|q4_0] [--activation silu|relu|drelu] "
-        "[--seed S] -o FILE\n",
+        "[--seed S] [--sparsity S --hot-fraction H] -o FILE\n"
+        "  --sparsity S      ReLU family: mean fraction of FFN neurons that stay zero per token,\n"
+        "                    with a power-law firing frequency (0.5 .. 0.999; default: random)\n"
+        "  --hot-fraction H  fraction of neurons that fire for most tokens (default 0.05)\n",
         args->Has("--help") ? stdout : stderr);
     return args->Has("--help") ? 0 : 2;
   }
@@ -55,6 +59,12 @@ int RunSynth(int argc, char** argv) {
     auto parsed = ParseActivation(*act);
     if (!parsed.ok()) return Fail("synth", parsed.status(), true);
     o.activation = *parsed;
+  }
+  for (auto [flag, dst] :
+       {std::pair{"--sparsity", &o.sparsity}, std::pair{"--hot-fraction", &o.hot_fraction}}) {
+    auto v = args->GetDouble(flag, *dst);
+    if (!v.ok()) return Fail("synth", v.status(), true);
+    *dst = *v;
   }
   auto threads = ThreadsFromArgs(*args);
   if (!threads.ok()) return Fail("synth", threads.status(), true);

@@ -60,6 +60,23 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
     const std::string beside = args.Get("--model").value_or("") + ".thermo.gguf";
     if (std::filesystem::exists(beside)) sidecar = beside;
   }
+  if (sidecar.empty() && args.Has("--oracle") && mode == "on") {
+    // The exact active set needs no predictor: every layer's plan is the default one.
+    SparseFfnOptions options;
+    options.oracle = true;
+    options.dense_prefill = dense_prefill;
+    return SparseFfn::Create(model, std::vector<SparseLayerPlan>(model.hparams().n_layer), pool,
+                             options);
+  }
+  if (sidecar.empty() && model.carries_predictors()) {
+    // A PowerInfer file runs sparse as it is, on its own predictors.
+    absl::StatusOr<std::vector<SparseLayerPlan>> plan = SparsePlanFromModel(model);
+    if (!plan.ok()) return plan.status();
+    SparseFfnOptions options;
+    options.oracle = args.Has("--oracle");
+    options.dense_prefill = dense_prefill;
+    return SparseFfn::Create(model, *std::move(plan), pool, options);
+  }
   if (sidecar.empty()) {
     if (mode == "auto") return std::unique_ptr<SparseFfn>();
     return absl::InvalidArgumentError(

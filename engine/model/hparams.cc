@@ -115,7 +115,8 @@ absl::StatusOr<LlamaHparams> LlamaHparams::FromGguf(
   if (activation_override) {
     h.activation = *activation_override;
   } else {
-    auto act = file.GetString(p + "feed_forward_activation", "silu");
+    // PowerInfer runs ReLU llamas only, and its files do not say so.
+    auto act = file.GetString(p + "feed_forward_activation", file.is_powerinfer() ? "relu" : "silu");
     if (!act.ok()) return act.status();
     auto parsed = ParseActivation(*act);
     if (!parsed.ok()) {

@@ -4,6 +4,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/ops/kernels.h"
+#include "engine/sparse/sparse_ops.h"
+#include "engine/util/thread_pool.h"
 
 namespace thermocline {
 namespace {
@@ -55,6 +57,26 @@ absl::StatusOr<std::vector<float>> Vector(const GgufFile& file, const std::strin
   return out;
 }
 
+// A PowerInfer predictor: blk.N.fc1 {n_embd, rank} and blk.N.fc2 {rank, n_ff}, or neither.
+absl::Status BindPredictor(const GgufFile& f, const std::string& b, const LlamaHparams& h,
+                           LayerWeights* L) {
+  const GgufTensorInfo* fc1 = f.FindTensor(b + "fc1.weight");
+  const GgufTensorInfo* fc2 = f.FindTensor(b + "fc2.weight");
+  if (fc1 == nullptr && fc2 == nullptr) return absl::OkStatus();
+  if (fc1 == nullptr || fc2 == nullptr || fc1->dims.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(b, "fc1/fc2: a predictor needs both, fc1 of shape {n_embd, rank}"));
+  }
+  const int64_t rank = fc1->dims[1];
+  auto m1 = Matrix(f, b + "fc1.weight", rank, h.n_embd);
+  if (!m1.ok()) return m1.status();
+  auto m2 = Matrix(f, b + "fc2.weight", h.n_ff, rank);
+  if (!m2.ok()) return m2.status();
+  L->pred_fc1 = *m1;
+  L->pred_fc2 = *m2;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
@@ -104,6 +126,8 @@ absl::Status LlamaModel::Bind() {
   weight_bytes_ = output_.row_bytes * output_.rows;
 
   layers_.resize(h.n_layer);
+  int64_t layers_with_predictors = 0;
+  std::unique_ptr<ThreadPool> transpose_pool;
   for (int64_t i = 0; i < h.n_layer; ++i) {
     const std::string b = absl::StrCat("blk.", i, ".");
     LayerWeights& L = layers_[i];
@@ -112,6 +136,8 @@ absl::Status LlamaModel::Bind() {
       const char* name;
       int64_t rows, cols;
     };
+    const bool has_down = f.FindTensor(b + "ffn_down.weight") != nullptr;
+    const bool has_down_t = f.FindTensor(b + "ffn_down_t.weight") != nullptr;
     const MatrixSpec specs[] = {
         {&L.wq, "attn_q.weight", h.q_dim(), h.n_embd},
         {&L.wk, "attn_k.weight", h.kv_dim(), h.n_embd},
@@ -120,13 +146,30 @@ absl::Status LlamaModel::Bind() {
         {&L.ffn_gate, "ffn_gate.weight", h.n_ff, h.n_embd},
         {&L.ffn_up, "ffn_up.weight", h.n_ff, h.n_embd},
         {&L.ffn_down, "ffn_down.weight", h.n_embd, h.n_ff},
+        {&L.ffn_down_t, "ffn_down_t.weight", h.n_ff, h.n_embd},
     };
     for (const MatrixSpec& spec : specs) {
+      if ((spec.dst == &L.ffn_down && !has_down && has_down_t) ||
+          (spec.dst == &L.ffn_down_t && !has_down_t)) {
+        continue;
+      }
       auto m = Matrix(f, b + spec.name, spec.rows, spec.cols);
       if (!m.ok()) return m.status();
       *spec.dst = *m;
-      weight_bytes_ += m->row_bytes * m->rows;
+      if (spec.dst != &L.ffn_down_t) weight_bytes_ += m->row_bytes * m->rows;
     }
+    if (!has_down) {
+      // PowerInfer keeps only down_t; the dense path needs down itself.
+      if (!transpose_pool) transpose_pool = std::make_unique<ThreadPool>(ThreadPool::DefaultThreads());
+      auto down = TransposeWeight(*transpose_pool, L.ffn_down_t);
+      if (!down.ok()) return down.status();
+      owned_.push_back(std::move(down->data));
+      L.ffn_down = down->view;
+      L.ffn_down.data = owned_.back().data();
+      weight_bytes_ += L.ffn_down.row_bytes * L.ffn_down.rows;
+    }
+    if (absl::Status s = BindPredictor(f, b, h, &L); !s.ok()) return s;
+    if (L.pred_fc1.data != nullptr) ++layers_with_predictors;
     auto an = Vector(f, b + "attn_norm.weight", h.n_embd);
     if (!an.ok()) return an.status();
     L.attn_norm = std::move(*an);
@@ -134,6 +177,15 @@ absl::Status LlamaModel::Bind() {
     if (!fn.ok()) return fn.status();
     L.ffn_norm = std::move(*fn);
   }
+  if (layers_with_predictors != 0 && layers_with_predictors != h.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("predictors (blk.N.fc1/fc2) in ",
+                                                   layers_with_predictors, " of ", h.n_layer,
+                                                   " layers; a PowerInfer file has them in all"));
+  }
+  carries_predictors_ = layers_with_predictors == h.n_layer;
+  auto thr = f.GetFloat("powerinfer.sparse_threshold", 0.0f);
+  if (!thr.ok()) return thr.status();
+  sparse_threshold_ = static_cast<float>(*thr);
   return absl::OkStatus();
 }
 

@@ -30,6 +30,11 @@ struct LayerWeights {
   WeightView ffn_gate;           // (n_ff, n_embd)
   WeightView ffn_up;             // (n_ff, n_embd)
   WeightView ffn_down;           // (n_embd, n_ff)
+  // Carried by PowerInfer files (data == nullptr when absent): down transposed, and the
+  // predictor fc2·relu(fc1·xn), active where the logit > sparse_threshold().
+  WeightView ffn_down_t;  // (n_ff, n_embd)
+  WeightView pred_fc1;    // (rank, n_embd)
+  WeightView pred_fc2;    // (n_ff, rank)
 };
 
 class LlamaModel {
@@ -51,6 +56,10 @@ class LlamaModel {
   uint64_t weight_bytes() const { return weight_bytes_; }
   // Writes row `token` of the embedding matrix as floats into out (n_embd).
   void Embed(int32_t token, float* out) const;
+  // A PowerInfer file's predictors (blk.N.fc1/fc2 in every layer) and their threshold
+  // (powerinfer.sparse_threshold, default 0).
+  bool carries_predictors() const { return carries_predictors_; }
+  float sparse_threshold() const { return sparse_threshold_; }
 
  private:
   LlamaModel() = default;
@@ -64,6 +73,10 @@ class LlamaModel {
   std::vector<float> output_norm_;
   std::vector<LayerWeights> layers_;
   uint64_t weight_bytes_ = 0;
+  bool carries_predictors_ = false;
+  float sparse_threshold_ = 0;
+  // ffn_down rebuilt from ffn_down_t when a PowerInfer file has only the latter.
+  std::vector<std::vector<uint8_t>> owned_;
 };
 
 }  // namespace thermocline

@@ -1,8 +1,10 @@
 #include "engine/model/synth.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,26 +28,124 @@ struct SplitMix {
   float Uniform() { return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
 };
 
-// A (rows, cols) matrix of uniform values with standard deviation 1/sqrt(cols), in `type`.
+// A (rows, cols) matrix of uniform values with standard deviation scale/sqrt(cols), in `type`.
+// edit(row, values) may change a row before it is converted.
 std::vector<uint8_t> RandomMatrix(int64_t rows, int64_t cols, GgmlType type, uint64_t seed,
-                                  ThreadPool& pool) {
+                                  ThreadPool& pool, float scale = 1.0f,
+                                  const std::function<void(int64_t, float*)>& edit = nullptr) {
   const size_t row_bytes = RowBytes(type, cols);
   std::vector<uint8_t> out(row_bytes * rows);
   const TypeKernels* k = KernelsFor(type);
-  const float amplitude = std::sqrt(3.0f / static_cast<float>(cols));
+  const float amplitude = scale * std::sqrt(3.0f / static_cast<float>(cols));
   std::vector<std::vector<float>> tmp(pool.size(), std::vector<float>(cols));
   pool.ParallelFor(rows, 64, [&](int thread, int64_t begin, int64_t end) {
     float* buf = tmp[thread].data();
     for (int64_t r = begin; r < end; ++r) {
       SplitMix rng{seed * 0x100000001b3ull + static_cast<uint64_t>(r)};
       for (int64_t c = 0; c < cols; ++c) buf[c] = rng.Uniform() * amplitude;
+      if (edit) edit(r, buf);
       k->from_float(buf, out.data() + r * row_bytes, cols);
     }
   });
   return out;
 }
 
+// Phi^-1(p) by bisection on the normal CDF (only at synthesis time).
+double InverseNormalCdf(double p) {
+  double lo = -10, hi = 10;
+  for (int i = 0; i < 80; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (0.5 * std::erfc(-mid / std::sqrt(2.0)) < p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+// Per layer, the gate's bias z_i (in noise deviations) of each neuron: the power-law firing
+// probabilities in an order shuffled per layer, so hot neurons are spread over the matrix.
+std::vector<float> GateBiases(const std::vector<double>& firing, uint64_t seed) {
+  std::vector<int64_t> order(firing.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  SplitMix rng{seed};
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.Next() % i]);
+  std::vector<float> z(firing.size());
+  for (size_t r = 0; r < firing.size(); ++r) {
+    z[order[r]] = static_cast<float>(InverseNormalCdf(firing[r]));
+  }
+  return z;
+}
+
+// A sparse model's gate rows (see synth.h): the token-dependent part of a row lies in a
+// subspace of kGateRank directions of xn, as in trained models whose FFN inputs live near a
+// low-dimensional manifold, so that low-rank predictors can learn who fires; a full-rank part
+// of relative variance kGateNoise keeps them from being exact.
+constexpr int kGateRank = 16;
+constexpr float kGateNoise = 0.05f;
+
+// (kGateRank, n) random directions with |v| ~ 1 and no component on dimension 0.
+std::vector<float> GateBasis(int64_t n, uint64_t seed) {
+  std::vector<float> basis(kGateRank * n);
+  SplitMix rng{seed ^ 0x5bd1e995ull};
+  const float amplitude = std::sqrt(3.0f / static_cast<float>(n));
+  for (int k = 0; k < kGateRank; ++k) {
+    for (int64_t j = 1; j < n; ++j) basis[k * n + j] = rng.Uniform() * amplitude;
+  }
+  return basis;
+}
+
+// v holds the row's full-rank noise (std sqrt(kGateNoise / n)); adds Σ_k a_k basis_k with
+// var(a_k) = 1 / kGateRank and sets the bias weight. The dot with xn then has variance
+// (1 + kGateNoise) / 2 besides the bias, so z is scaled to keep P(fire) = Phi(z).
+void MakeGateRow(const std::vector<float>& basis, float z, uint64_t seed, int64_t row, int64_t n,
+                 float* v) {
+  SplitMix rng{(seed + 0x9e37ull) * 0x100000001b3ull + static_cast<uint64_t>(row)};
+  const float amplitude = std::sqrt(3.0f / kGateRank);
+  for (int k = 0; k < kGateRank; ++k) {
+    const float a = rng.Uniform() * amplitude;
+    const float* b = basis.data() + k * n;
+    for (int64_t j = 1; j < n; ++j) v[j] += a * b[j];
+  }
+  v[0] = z * std::sqrt((1.0f + kGateNoise) / static_cast<float>(n));
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<double>> PowerLawFiring(int64_t n, double sparsity,
+                                                   double hot_fraction) {
+  if (!(sparsity >= 0.5 && sparsity <= 0.999)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparsity ", sparsity, ": expected a value in [0.5, 0.999]"));
+  }
+  if (!(hot_fraction > 0 && hot_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hot fraction ", hot_fraction, ": expected a value in (0, 1)"));
+  }
+  const double hot = hot_fraction * static_cast<double>(n);
+  auto firing = [&](double alpha, std::vector<double>* out) {
+    double sum = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      const double p = std::min(0.99, 0.5 * std::pow((r + 1) / hot, -alpha));
+      if (out != nullptr) (*out)[r] = p;
+      sum += p;
+    }
+    return sum / static_cast<double>(n);
+  };
+  // The mean falls from 0.5 (alpha = 0) towards 0.99 * hot_fraction as alpha grows.
+  const double target = 1.0 - sparsity;
+  double lo = 0, hi = 50;
+  for (int i = 0; i < 100; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (firing(mid, nullptr) > target ? lo : hi) = mid;
+  }
+  std::vector<double> p(n);
+  const double mean = firing(hi, &p);
+  if (std::fabs(mean - target) > 0.002) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparsity ", sparsity, " with hot fraction ", hot_fraction,
+        " is not reachable: hot neurons alone fire for ", 0.99 * hot_fraction,
+        " of the neurons per token; lower --hot-fraction"));
+  }
+  return p;
+}
 
 absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, ThreadPool& pool) {
   if (o.n_layer < 1 || o.n_embd < 1 || o.n_ff < 1 || o.n_head < 1 || o.n_head_kv < 1 ||
@@ -67,6 +167,17 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
         absl::StrCat("synth: embd and ff must be multiples of ", block, " for ", TypeName(o.type)));
   }
   const int64_t head_dim = o.n_embd / o.n_head;
+  const bool sparse = o.sparsity > 0;
+  std::vector<double> firing;
+  if (sparse) {
+    if (o.activation == FfnActivation::kSilu) {
+      return absl::InvalidArgumentError(
+          "synth: --sparsity needs a ReLU-family activation (--activation relu or drelu)");
+    }
+    absl::StatusOr<std::vector<double>> p = PowerLawFiring(o.n_ff, o.sparsity, o.hot_fraction);
+    if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("synth: ", p.status().message()));
+    firing = *std::move(p);
+  }
 
   GgufWriter w;
   w.SetString("general.architecture", "llama");
@@ -106,10 +217,26 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
   w.SetUint32("tokenizer.ggml.eos_token_id", 2);
   w.SetUint32("tokenizer.ggml.unknown_token_id", 0);
 
+  // Sparse layout (see synth.h): embeddings of std 1 per element plus the constant A = sqrt(n)
+  // in dimension 0, so rms(x) = sqrt(2), xn_0 = sqrt(n / 2) and the rest of a gate row's dot has
+  // variance 1/2. A gate weight z / sqrt(n) on dimension 0 then adds z noise-deviations.
+  const float n = static_cast<float>(o.n_embd);
+  const float out_scale = sparse ? 0.3f / std::sqrt(static_cast<float>(o.n_layer)) : 1.0f;
   uint64_t seed = o.seed;
-  auto add_matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
+  auto add = [&](const std::string& name, int64_t rows, int64_t cols, float scale,
+                 const std::function<void(int64_t, float*)>& edit) {
     return w.AddTensorCopy(name, o.type, {cols, rows},
-                           RandomMatrix(rows, cols, o.type, ++seed, pool));
+                           RandomMatrix(rows, cols, o.type, ++seed, pool, scale, edit));
+  };
+  auto add_matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
+    return add(name, rows, cols, 1.0f, nullptr);
+  };
+  // attn_output and ffn_down: scaled down, and never writing dimension 0.
+  auto add_output = [&](const std::string& name, int64_t rows, int64_t cols) {
+    if (!sparse) return add_matrix(name, rows, cols);
+    return add(name, rows, cols, out_scale, [&](int64_t r, float* v) {
+      if (r == 0) std::fill_n(v, cols, 0.0f);
+    });
   };
   auto add_ones = [&](const std::string& name) {
     std::vector<uint8_t> bytes(o.n_embd * sizeof(float));
@@ -117,18 +244,30 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
     for (int64_t i = 0; i < o.n_embd; ++i) std::memcpy(bytes.data() + i * 4, &one, 4);
     return w.AddTensorCopy(name, GgmlType::kF32, {o.n_embd}, std::move(bytes));
   };
-  absl::Status s = add_matrix("token_embd.weight", o.n_vocab, o.n_embd);
+  absl::Status s = sparse ? add("token_embd.weight", o.n_vocab, o.n_embd, std::sqrt(n),
+                                [&](int64_t, float* v) { v[0] = std::sqrt(n); })
+                          : add_matrix("token_embd.weight", o.n_vocab, o.n_embd);
   for (int64_t l = 0; l < o.n_layer && s.ok(); ++l) {
     const std::string b = absl::StrCat("blk.", l, ".");
     if (s.ok()) s = add_ones(b + "attn_norm.weight");
     if (s.ok()) s = add_matrix(b + "attn_q.weight", o.n_embd, o.n_embd);
     if (s.ok()) s = add_matrix(b + "attn_k.weight", o.n_head_kv * head_dim, o.n_embd);
     if (s.ok()) s = add_matrix(b + "attn_v.weight", o.n_head_kv * head_dim, o.n_embd);
-    if (s.ok()) s = add_matrix(b + "attn_output.weight", o.n_embd, o.n_embd);
+    if (s.ok()) s = add_output(b + "attn_output.weight", o.n_embd, o.n_embd);
     if (s.ok()) s = add_ones(b + "ffn_norm.weight");
-    if (s.ok()) s = add_matrix(b + "ffn_gate.weight", o.n_ff, o.n_embd);
+    if (sparse) {
+      const uint64_t layer_seed = o.seed * 7919 + static_cast<uint64_t>(l);
+      const std::vector<float> z = GateBiases(firing, layer_seed);
+      const std::vector<float> basis = GateBasis(o.n_embd, layer_seed);
+      if (s.ok()) {
+        s = add(b + "ffn_gate.weight", o.n_ff, o.n_embd, std::sqrt(kGateNoise),
+                [&](int64_t r, float* v) { MakeGateRow(basis, z[r], layer_seed, r, o.n_embd, v); });
+      }
+    } else if (s.ok()) {
+      s = add_matrix(b + "ffn_gate.weight", o.n_ff, o.n_embd);
+    }
     if (s.ok()) s = add_matrix(b + "ffn_up.weight", o.n_ff, o.n_embd);
-    if (s.ok()) s = add_matrix(b + "ffn_down.weight", o.n_embd, o.n_ff);
+    if (s.ok()) s = add_output(b + "ffn_down.weight", o.n_embd, o.n_ff);
   }
   if (s.ok()) s = add_ones("output_norm.weight");
   if (s.ok()) s = add_matrix("output.weight", o.n_vocab, o.n_embd);

@@ -1,11 +1,22 @@
 // Random-weight llama models of any shape, written as GGUF, for benchmarks at scales no model
 // can be downloaded for here. Deterministic for a seed.
+//
+// With a sparsity, a ReLU model's neurons fire like a trained one's: dimension 0 of the residual
+// stream is a constant (the embeddings carry it, no layer writes it: rows 0 of attn_output and
+// ffn_down are zero), so each gate row's weight on it acts as a bias that sets how often the
+// neuron fires. Every other dimension of xn carries token-dependent noise of a known variance,
+// so a bias of z noise-deviations fires with probability Phi(z). Layers add little to the
+// residual (output projections scaled down), which keeps that variance the same in every layer.
+// Which neurons fire depends on a few directions of xn (MakeGateRow in synth.cc), so low-rank
+// predictors can learn it, as they can for trained models.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/model/hparams.h"
 #include "engine/ops/ggml_types.h"
 #include "engine/util/thread_pool.h"
@@ -23,7 +34,17 @@ struct SynthOptions {
   GgmlType type = GgmlType::kF16;  // weight matrices; norms stay f32
   FfnActivation activation = FfnActivation::kSilu;
   uint64_t seed = 42;
+  // ReLU family only, 0 = plain random weights. Mean fraction of FFN neurons that do NOT fire
+  // per token, in [0.5, 0.999], with a power-law firing frequency: hot_fraction of the neurons
+  // fire for more than half of the tokens, the rest ever more rarely (see synth.cc).
+  double sparsity = 0;
+  double hot_fraction = 0.05;
 };
+
+// The firing probability of each of n neurons, sorted from the hottest: p(r) =
+// min(0.99, 0.5 * ((r + 1) / (hot_fraction * n))^-alpha), alpha chosen so that the mean is
+// 1 - sparsity. InvalidArgument when no alpha reaches it.
+absl::StatusOr<std::vector<double>> PowerLawFiring(int64_t n, double sparsity, double hot_fraction);
 
 absl::Status SynthesizeModel(const SynthOptions& options, const std::string& path,
                              ThreadPool& pool);

@@ -33,6 +33,25 @@ struct SparseFfn::Executor {
   }
 };
 
+absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromModel(const LlamaModel& model) {
+  if (!model.carries_predictors()) {
+    return absl::FailedPreconditionError(
+        "the model carries no predictors (blk.N.fc1/fc2); give a sidecar instead");
+  }
+  std::vector<SparseLayerPlan> plan(model.layers().size());
+  for (size_t l = 0; l < plan.size(); ++l) {
+    const LayerWeights& L = model.layers()[l];
+    SparseLayerPlan& p = plan[l];
+    p.rank = L.pred_fc1.rows;
+    p.fc1 = OwnedWeight{L.pred_fc1, {}};
+    p.fc2 = OwnedWeight{L.pred_fc2, {}};
+    p.b1.assign(p.rank, 0.0f);
+    p.b2.assign(L.pred_fc2.rows, 0.0f);
+    p.threshold = model.sparse_threshold();
+  }
+  return plan;
+}
+
 absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& model,
                                                              std::vector<SparseLayerPlan> plan,
                                                              ThreadPool* pool,
@@ -62,6 +81,10 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& m
   }
   std::unique_ptr<SparseFfn> f(new SparseFfn(model, std::move(plan), pool, options));
   for (const LayerWeights& L : model.layers()) {
+    if (L.ffn_down_t.data != nullptr) {
+      f->down_t_.push_back(OwnedWeight{L.ffn_down_t, {}});
+      continue;
+    }
     absl::StatusOr<OwnedWeight> t = TransposeWeight(*pool, L.ffn_down);
     if (!t.ok()) return t.status();
     f->down_t_.push_back(*std::move(t));

@@ -33,6 +33,11 @@ struct SparseLayerPlan {
   std::vector<int32_t> device_neurons;  // the placement's device part (empty: all host)
 };
 
+// The plan of a model that carries its predictors (a PowerInfer file: blk.N.fc1/fc2, no
+// biases, threshold powerinfer.sparse_threshold); the views point into the model.
+// FailedPrecondition when it carries none.
+absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromModel(const LlamaModel& model);
+
 struct SparseFfnOptions {
   bool oracle = false;         // exact active set from dense gate/up instead of the predictor
   bool split = false;          // run device_neurons on a second executor, concurrently
@@ -50,7 +55,8 @@ struct SparseFfnStats {
 
 class SparseFfn : public FfnBackend {
  public:
-  // Builds down_t for every layer (once). pool: the host executor, shared with the session.
+  // Builds down_t for every layer (once; a PowerInfer file's own ffn_down_t is used as it is).
+  // pool: the host executor, shared with the session.
   static absl::StatusOr<std::unique_ptr<SparseFfn>> Create(const LlamaModel& model,
                                                            std::vector<SparseLayerPlan> plan,
                                                            ThreadPool* pool,

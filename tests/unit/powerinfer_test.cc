@@ -1,0 +1,128 @@
+// PowerInfer's own GGUF: magic "PWRI", blk.N.ffn_down_t instead of ffn_down, and predictors
+// blk.N.fc1 / blk.N.fc2 (no biases, threshold powerinfer.sparse_threshold). The file is built
+// here from relu-tiny with an exact predictor: fc1 = [gate; -gate], fc2 = [I, -I] gives the
+// logit relu(g) - relu(-g) = g, the gate's own pre-activation, so with threshold 0 the predicted
+// set is exactly the firing set and sparse generation must equal dense.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/gguf/gguf.h"
+#include "engine/model/session.h"
+#include "engine/sparse/sparse_ffn.h"
+#include "model_fixtures.h"
+
+namespace thermocline {
+namespace {
+
+using testing::CachedModel;
+using testing::LoadReference;
+using testing::TempDir;
+using testing::TestModelPath;
+
+// relu-tiny (F32) rewritten as PowerInfer writes a model.
+std::string WritePowerInferFile(const std::string& source) {
+  auto in = GgufFile::Open(source);
+  REQUIRE(in.ok());
+  const GgufFile& f = **in;
+  GgufWriter w;
+  for (const GgufKeyValue& kv : f.metadata()) {
+    if (kv.key != "llama.feed_forward_activation") w.Set(kv.key, kv.value);
+  }
+  w.SetFloat32("powerinfer.sparse_threshold", 0.0f);
+  std::vector<std::vector<float>> keep;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    const std::string& name = t.name;
+    const size_t pos = name.find(".ffn_down.weight");
+    if (pos == std::string::npos) {
+      REQUIRE(w.AddTensor(name, t.type, t.dims, t.data, t.size_bytes).ok());
+      continue;
+    }
+    REQUIRE(t.type == GgmlType::kF32);
+    const std::string blk = name.substr(0, pos);  // "blk.N"
+    const int64_t n_embd = t.dims[1], n_ff = t.dims[0];
+    const float* down = reinterpret_cast<const float*>(t.data);  // (n_embd, n_ff)
+    std::vector<float> down_t(n_ff * n_embd);
+    for (int64_t r = 0; r < n_embd; ++r) {
+      for (int64_t c = 0; c < n_ff; ++c) down_t[c * n_embd + r] = down[r * n_ff + c];
+    }
+    const GgufTensorInfo* gate = f.FindTensor(blk + ".ffn_gate.weight");
+    REQUIRE(gate != nullptr);
+    const float* g = reinterpret_cast<const float*>(gate->data);  // (n_ff, n_embd)
+    std::vector<float> fc1(2 * n_ff * n_embd), fc2(n_ff * 2 * n_ff, 0.0f);
+    for (int64_t i = 0; i < n_ff * n_embd; ++i) {
+      fc1[i] = g[i];
+      fc1[n_ff * n_embd + i] = -g[i];
+    }
+    for (int64_t i = 0; i < n_ff; ++i) {
+      fc2[i * 2 * n_ff + i] = 1.0f;
+      fc2[i * 2 * n_ff + n_ff + i] = -1.0f;
+    }
+    auto bytes = [](const std::vector<float>& v) {
+      std::vector<uint8_t> b(v.size() * 4);
+      std::memcpy(b.data(), v.data(), b.size());
+      return b;
+    };
+    REQUIRE(w.AddTensorCopy(blk + ".ffn_down_t.weight", GgmlType::kF32, {n_embd, n_ff},
+                            bytes(down_t))
+                .ok());
+    REQUIRE(w.AddTensorCopy(blk + ".fc1.weight", GgmlType::kF32, {n_embd, 2 * n_ff}, bytes(fc1))
+                .ok());
+    REQUIRE(w.AddTensorCopy(blk + ".fc2.weight", GgmlType::kF32, {2 * n_ff, n_ff}, bytes(fc2))
+                .ok());
+  }
+  const std::string path = (TempDir() / "relu-tiny.powerinfer.gguf").string();
+  REQUIRE(w.Write(path).ok());
+  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+  io.write("PWRI", 4);
+  return path;
+}
+
+TEST_CASE("a PowerInfer file loads and runs sparse on its own predictors", "[sparse][powerinfer]") {
+  const std::string source = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(source)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const std::string path = WritePowerInferFile(source);
+  auto model = LlamaModel::Load(path);
+  INFO(model.status().ToString());
+  REQUIRE(model.ok());
+  const LlamaModel& pwri = **model;
+  CHECK(pwri.gguf().is_powerinfer());
+  CHECK(pwri.hparams().activation == FfnActivation::kRelu);  // PowerInfer files are ReLU
+  REQUIRE(pwri.carries_predictors());
+  CHECK(pwri.layers()[0].ffn_down_t.data != nullptr);
+  CHECK(pwri.layers()[0].ffn_down.data != nullptr);  // rebuilt for the dense path
+  CHECK_FALSE(CachedModel(source).carries_predictors());
+  CHECK_FALSE(SparsePlanFromModel(CachedModel(source)).ok());
+
+  ThreadPool pool(2);
+  const nlohmann::json ref = LoadReference("relu-tiny.reference.json");
+  auto dense = Session::Create(pwri, &pool);
+  auto sparse_session = Session::Create(pwri, &pool);
+  REQUIRE(dense.ok());
+  REQUIRE(sparse_session.ok());
+  auto plan = SparsePlanFromModel(pwri);
+  REQUIRE(plan.ok());
+  CHECK((*plan)[0].rank == 2 * pwri.hparams().n_ff);
+  auto sparse = SparseFfn::Create(pwri, *std::move(plan), &pool, {});
+  REQUIRE(sparse.ok());
+  (*sparse_session)->set_ffn_backend(sparse->get());
+
+  for (const auto& p : ref["prompts"]) {
+    const std::vector<int32_t> prompt = p["prompt_ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> want = p["greedy_ids"].get<std::vector<int32_t>>();
+    INFO(p["prompt"].get<std::string>());
+    // Dense on the rebuilt down equals the independent reference; sparse equals dense.
+    const std::vector<int32_t> d = testing::GreedyIds(**dense, prompt, 32);
+    CHECK(d == std::vector<int32_t>(want.begin(), want.begin() + 32));
+    CHECK(testing::GreedyIds(**sparse_session, prompt, 32) == d);
+  }
+  // The exact predictor fires only the neurons that fire: relu-tiny is ~84% sparse.
+  const SparseFfnStats& st = (*sparse)->stats();
+  REQUIRE(st.layer_tokens > 0);
+  const double predicted = st.predicted / st.layer_tokens / pwri.hparams().n_ff;
+  CHECK(predicted < 0.4);
+  CHECK(st.fired <= st.predicted);
+}
+
+}  // namespace
+}  // namespace thermocline

@@ -1,0 +1,93 @@
+// thermocline synth with --sparsity / --hot-fraction: the power-law firing table, and a model
+// whose ReLU neurons really fire that often, measured over tokens with the dense FFN.
+#include <algorithm>
+#include <numeric>
+
+#include "engine/model/llama_model.h"
+#include "engine/model/session.h"
+#include "engine/model/synth.h"
+#include "test_util.h"
+
+namespace thermocline {
+namespace {
+
+TEST_CASE("PowerLawFiring: mean, order, hot neurons, unreachable targets", "[synth]") {
+  for (double sparsity : {0.8, 0.9, 0.95}) {
+    for (double hot : {0.01, 0.03}) {
+      auto p = PowerLawFiring(5632, sparsity, hot);
+      REQUIRE(p.ok());
+      const double mean = std::accumulate(p->begin(), p->end(), 0.0) / p->size();
+      CHECK(mean == Approx(1 - sparsity).margin(0.002));
+      CHECK(std::is_sorted(p->rbegin(), p->rend()));
+      const auto above_half = std::count_if(p->begin(), p->end(), [](double v) { return v > 0.5; });
+      CHECK(above_half == Approx(hot * 5632).margin(1.5));
+      CHECK(p->front() <= 0.99);
+    }
+  }
+  // 30% hot neurons alone fire for more than 10% of the neurons.
+  CHECK(PowerLawFiring(1000, 0.9, 0.3).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_FALSE(PowerLawFiring(1000, 0.2, 0.05).ok());
+  CHECK_FALSE(PowerLawFiring(1000, 0.9, 0).ok());
+}
+
+// Counts, per neuron, the tokens whose activation is nonzero.
+struct FiringCounter : FfnObserver {
+  std::vector<std::vector<int64_t>> counts;
+  int64_t tokens = 0;
+  void OnFfn(int layer, const float*, int64_t, const float* act, int64_t n_ff,
+             int64_t n_tokens) override {
+    if (counts.size() <= static_cast<size_t>(layer)) counts.resize(layer + 1);
+    counts[layer].resize(n_ff);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t i = 0; i < n_ff; ++i) counts[layer][i] += act[t * n_ff + i] != 0.0f;
+    }
+    if (layer == 0) tokens += n_tokens;
+  }
+};
+
+TEST_CASE("synth --sparsity makes ReLU neurons fire at the asked rate", "[synth]") {
+  SynthOptions o;
+  o.n_layer = 3;
+  o.n_embd = 256;
+  o.n_ff = 1024;
+  o.n_head = 4;
+  o.n_head_kv = 2;
+  o.n_vocab = 2000;
+  o.type = GgmlType::kF32;
+  o.activation = FfnActivation::kRelu;
+  o.sparsity = 0.9;
+  o.hot_fraction = 0.03;
+  ThreadPool pool(2);
+  const std::string path = (testing::TempDir() / "synth-sparse.gguf").string();
+  REQUIRE(SynthesizeModel(o, path, pool).ok());
+  auto model = LlamaModel::Load(path);
+  REQUIRE(model.ok());
+  auto session = Session::Create(**model, &pool);
+  REQUIRE(session.ok());
+  FiringCounter counter;
+  (*session)->set_ffn_observer(&counter);
+  std::vector<int32_t> tokens(256);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 3) % 2000);
+  REQUIRE((*session)->Eval(tokens).ok());
+  REQUIRE(counter.tokens == 256);
+  for (size_t l = 0; l < counter.counts.size(); ++l) {
+    INFO("layer " << l);
+    const std::vector<int64_t>& c = counter.counts[l];
+    const double fired = std::accumulate(c.begin(), c.end(), 0.0) / (256.0 * o.n_ff);
+    CHECK(fired == Approx(0.1).margin(0.02));
+    // Hot neurons: those firing for more than half the tokens, about 3% of them.
+    const auto hot = std::count_if(c.begin(), c.end(), [](int64_t v) { return v > 128; });
+    CHECK(hot == Approx(0.03 * o.n_ff).margin(0.015 * o.n_ff));
+    // Power law: the hottest 20% of neurons carry at least half of the firing (uniform
+    // firing would give them 20%; this table gives ~60%).
+    std::vector<int64_t> sorted = c;
+    std::sort(sorted.rbegin(), sorted.rend());
+    const double top = std::accumulate(sorted.begin(), sorted.begin() + o.n_ff / 5, 0.0);
+    CHECK(top / std::accumulate(c.begin(), c.end(), 0.0) > 0.5);
+  }
+  o.activation = FfnActivation::kSilu;
+  CHECK_FALSE(SynthesizeModel(o, path, pool).ok());
+}
+
+}  // namespace
+}  // namespace thermocline
