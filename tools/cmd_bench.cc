@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 
@@ -123,6 +124,10 @@ int BenchHardware(const Args& args) {
 }  // namespace
 
 int RunBench(int argc, char** argv) {
+  // `bench --ops`: the sparse operator benchmark, with its own flags (tools/cmd_bench_ops.cc).
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--ops") == 0) return RunBenchOps(argc, argv);
+  }
   auto args = Args::Parse(
       argc, argv,
       {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions", "--activation",

@@ -1,17 +1,70 @@
 // thermocline synth: a random-weight llama GGUF of any shape, for benchmarks.
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/synth.h"
+#include "offline/profile/activation_profiler.h"
+#include "offline/sidecar/sidecar.h"
 #include "tools/commands.h"
 
 namespace thermocline::cli {
+namespace {
+
+// The sidecar of a --sparsity model: its construction's predictors, and a profile made of the
+// firing probabilities it was built with (counts over a nominal kTokens tokens).
+absl::Status WriteSynthSidecar(const SynthOptions& o, const std::string& model_path,
+                               const std::string& path) {
+  constexpr int64_t kTokens = 100000;
+  auto predictors = SynthPredictors(o);
+  if (!predictors.ok()) return predictors.status();
+  auto model = LlamaModel::Load(model_path);
+  if (!model.ok()) return model.status();
+  offline::Sidecar s;
+  s.model_identity = offline::ModelIdentity((*model)->gguf());
+  s.model_name = std::filesystem::path(model_path).filename().string();
+  s.n_layer = o.n_layer;
+  s.n_embd = o.n_embd;
+  s.n_ff = o.n_ff;
+  s.activation = ActivationName(o.activation);
+  s.corpus_kind = "synthetic";
+  s.corpus_hash = "none";
+  s.tokens = kTokens;
+  s.target_recall = 0.99;
+  for (SynthPredictor& p : *predictors) {
+    offline::SidecarLayer y;
+    std::vector<uint64_t> counts;
+    for (double f : p.firing) {
+      counts.push_back(static_cast<uint64_t>(std::llround(f * kTokens)));
+      y.fire_count.push_back(static_cast<int32_t>(counts.back()));
+      y.act_abs_mean.push_back(static_cast<float>(f));
+    }
+    y.act_abs_quantiles.assign(offline::kQuantileLevels, 0.0f);
+    y.sparsity = offline::Sparsity(counts, kTokens);
+    y.skew80 = offline::SkewFraction(counts, 0.8);
+    y.predictor.n_embd = o.n_embd;
+    y.predictor.n_ff = o.n_ff;
+    y.predictor.rank = p.rank;
+    y.predictor.fc1 = std::move(p.fc1);
+    y.predictor.b1 = std::move(p.b1);
+    y.predictor.fc2 = std::move(p.fc2);
+    y.predictor.b2 = std::move(p.b2);
+    y.predictor.threshold = p.threshold;
+    y.predictor.RoundToF16();
+    s.layers.push_back(std::move(y));
+  }
+  return offline::WriteSidecar(s, path);
+}
+
+}  // namespace
 
 int RunSynth(int argc, char** argv) {
   auto args = Args::Parse(
       argc, argv,
       {"--layers", "--embd", "--ff", "--heads", "--kv-heads", "--vocab", "--ctx", "--type",
-       "--activation", "--seed", "--output", "--threads", "--sparsity", "--hot-fraction"},
+       "--activation", "--seed", "--output", "--threads", "--sparsity", "--hot-fraction",
+       "--sidecar"},
       {"--help"}, {{"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("synth", args.status(), true);
   if (args->Has("--help") || !args->Get("--output")) {
@@ -21,7 +74,9 @@ int RunSynth(int argc, char** argv) {
         "[--seed S] [--sparsity S --hot-fraction H] -o FILE\n"
         "  --sparsity S      ReLU family: mean fraction of FFN neurons that stay zero per token,\n"
         "                    with a power-law firing frequency (0.5 .. 0.999; default: random)\n"
-        "  --hot-fraction H  fraction of neurons that fire for most tokens (default 0.05)\n",
+        "  --hot-fraction H  fraction of neurons that fire for most tokens (default 0.05)\n"
+        "  --sidecar FILE    with --sparsity: also write a sidecar holding the predictors the\n"
+        "                    model's construction implies (no profiling needed for benchmarks)\n",
         args->Has("--help") ? stdout : stderr);
     return args->Has("--help") ? 0 : 2;
   }
@@ -73,6 +128,12 @@ int RunSynth(int argc, char** argv) {
     return Fail("synth", s);
   }
   std::printf("wrote %s\n", args->Get("--output")->c_str());
+  if (auto sidecar = args->Get("--sidecar")) {
+    if (absl::Status s = WriteSynthSidecar(o, *args->Get("--output"), *sidecar); !s.ok()) {
+      return Fail("synth", s);
+    }
+    std::printf("wrote %s\n", sidecar->c_str());
+  }
   return 0;
 }
 

@@ -18,11 +18,14 @@ int RunGenerate(int argc, char** argv);
 int RunInspect(int argc, char** argv);
 int RunPerplexity(int argc, char** argv);
 int RunBench(int argc, char** argv);
+int RunBenchOps(int argc, char** argv);  // tools/cmd_bench_ops.cc: `bench --ops`
 int RunQuantize(int argc, char** argv);
 int RunSynth(int argc, char** argv);
 int RunProfile(int argc, char** argv);  // tools/cmd_profile.cc
 int RunSolve(int argc, char** argv);    // tools/cmd_solve.cc
 int RunServe(int argc, char** argv);    // tools/cmd_serve.cc
+int RunModels(int argc, char** argv);   // tools/cmd_models.cc: `models register|list|show|rm`
+int RunChat(int argc, char** argv);     // tools/cmd_run.cc: `run MODEL [PROMPT]`
 
 // Prints "thermocline <command>: <message>" to stderr; returns 2 for usage errors, else 1.
 int Fail(const std::string& command, const absl::Status& status, bool usage = false);

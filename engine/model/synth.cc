@@ -79,7 +79,7 @@ std::vector<float> GateBiases(const std::vector<double>& firing, uint64_t seed) 
 // low-dimensional manifold, so that low-rank predictors can learn who fires; a full-rank part
 // of relative variance kGateNoise keeps them from being exact.
 constexpr int kGateRank = 16;
-constexpr float kGateNoise = 0.05f;
+constexpr float kGateNoise = 0.02f;
 
 // (kGateRank, n) random directions with |v| ~ 1 and no component on dimension 0.
 std::vector<float> GateBasis(int64_t n, uint64_t seed) {
@@ -92,19 +92,34 @@ std::vector<float> GateBasis(int64_t n, uint64_t seed) {
   return basis;
 }
 
-// v holds the row's full-rank noise (std sqrt(kGateNoise / n)); adds Σ_k a_k basis_k with
-// var(a_k) = 1 / kGateRank and sets the bias weight. The dot with xn then has variance
-// (1 + kGateNoise) / 2 besides the bias, so z is scaled to keep P(fire) = Phi(z).
-void MakeGateRow(const std::vector<float>& basis, float z, uint64_t seed, int64_t row, int64_t n,
-                 float* v) {
+// The coefficients a_k of a gate row on the basis, var(a_k) = 1 / kGateRank.
+void GateCoefficients(uint64_t seed, int64_t row, float* a) {
   SplitMix rng{(seed + 0x9e37ull) * 0x100000001b3ull + static_cast<uint64_t>(row)};
   const float amplitude = std::sqrt(3.0f / kGateRank);
+  for (int k = 0; k < kGateRank; ++k) a[k] = rng.Uniform() * amplitude;
+}
+
+// The gate's weight on dimension 0 for a bias of z deviations (see MakeGateRow).
+float BiasWeight(float z, int64_t n) {
+  return z * std::sqrt((1.0f + kGateNoise) / static_cast<float>(n));
+}
+
+// v holds the row's full-rank noise (std sqrt(kGateNoise / n)); adds Σ_k a_k basis_k and sets
+// the bias weight. The dot with xn then has variance (1 + kGateNoise) / 2 besides the bias, so
+// z is scaled to keep P(fire) = Phi(z).
+void MakeGateRow(const std::vector<float>& basis, float z, uint64_t seed, int64_t row, int64_t n,
+                 float* v) {
+  float a[kGateRank];
+  GateCoefficients(seed, row, a);
   for (int k = 0; k < kGateRank; ++k) {
-    const float a = rng.Uniform() * amplitude;
     const float* b = basis.data() + k * n;
-    for (int64_t j = 1; j < n; ++j) v[j] += a * b[j];
+    for (int64_t j = 1; j < n; ++j) v[j] += a[k] * b[j];
   }
-  v[0] = z * std::sqrt((1.0f + kGateNoise) / static_cast<float>(n));
+  v[0] = BiasWeight(z, n);
+}
+
+uint64_t LayerSeed(const SynthOptions& o, int64_t layer) {
+  return o.seed * 7919 + static_cast<uint64_t>(layer);
 }
 
 }  // namespace
@@ -256,7 +271,7 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
     if (s.ok()) s = add_output(b + "attn_output.weight", o.n_embd, o.n_embd);
     if (s.ok()) s = add_ones(b + "ffn_norm.weight");
     if (sparse) {
-      const uint64_t layer_seed = o.seed * 7919 + static_cast<uint64_t>(l);
+      const uint64_t layer_seed = LayerSeed(o, l);
       const std::vector<float> z = GateBiases(firing, layer_seed);
       const std::vector<float> basis = GateBasis(o.n_embd, layer_seed);
       if (s.ok()) {
@@ -273,6 +288,57 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
   if (s.ok()) s = add_matrix("output.weight", o.n_vocab, o.n_embd);
   if (!s.ok()) return s;
   return w.Write(path);
+}
+
+}  // namespace thermocline
+
+namespace thermocline {
+
+absl::StatusOr<std::vector<SynthPredictor>> SynthPredictors(const SynthOptions& o) {
+  if (o.sparsity <= 0) {
+    return absl::InvalidArgumentError("synth: predictors exist only for a --sparsity model");
+  }
+  absl::StatusOr<std::vector<double>> firing = PowerLawFiring(o.n_ff, o.sparsity, o.hot_fraction);
+  if (!firing.ok()) return firing.status();
+  const int64_t n = o.n_embd, rank = 2 * kGateRank + 1;
+  // The logit misses the full-rank part of the gate (variance kGateNoise / 2) and the weights'
+  // quantization error: predict down to 2.5 deviations of that below zero (recall ~0.99).
+  const float noise = std::sqrt((kGateNoise + 0.01f) / 2.0f);
+  std::vector<SynthPredictor> out(o.n_layer);
+  for (int64_t l = 0; l < o.n_layer; ++l) {
+    const uint64_t layer_seed = LayerSeed(o, l);
+    const std::vector<float> z = GateBiases(*firing, layer_seed);
+    const std::vector<float> basis = GateBasis(n, layer_seed);
+    SynthPredictor& p = out[l];
+    p.rank = rank;
+    // hidden = [relu(B·xn), relu(-B·xn), relu(xn_0)]: B·xn in both signs, and xn_0 > 0.
+    p.fc1.assign(rank * n, 0.0f);
+    for (int k = 0; k < kGateRank; ++k) {
+      for (int64_t j = 0; j < n; ++j) {
+        p.fc1[k * n + j] = basis[k * n + j];
+        p.fc1[(kGateRank + k) * n + j] = -basis[k * n + j];
+      }
+    }
+    p.fc1[2 * kGateRank * n] = 1.0f;
+    p.b1.assign(rank, 0.0f);
+    // logit_i = a_i·(B·xn) + w0_i·xn_0: the gate's pre-activation without its noise part.
+    p.fc2.assign(o.n_ff * rank, 0.0f);
+    for (int64_t i = 0; i < o.n_ff; ++i) {
+      float a[kGateRank];
+      GateCoefficients(layer_seed, i, a);
+      float* row = p.fc2.data() + i * rank;
+      for (int k = 0; k < kGateRank; ++k) {
+        row[k] = a[k];
+        row[kGateRank + k] = -a[k];
+      }
+      row[2 * kGateRank] = BiasWeight(z[i], n);
+    }
+    p.b2.assign(o.n_ff, 0.0f);
+    p.threshold = -2.5f * noise;
+    p.firing.resize(z.size());
+    for (size_t r = 0; r < z.size(); ++r) p.firing[r] = 0.5 * std::erfc(-z[r] / std::sqrt(2.0));
+  }
+  return out;
 }
 
 }  // namespace thermocline

@@ -46,6 +46,18 @@ struct SynthOptions {
 // 1 - sparsity. InvalidArgument when no alpha reaches it.
 absl::StatusOr<std::vector<double>> PowerLawFiring(int64_t n, double sparsity, double hot_fraction);
 
+// What a --sparsity model's gate is made of gives an exact-structure predictor per layer
+// (rank 2 * 16 + 1; see synth.cc): the sidecar `synth --sidecar` writes, so that sparse speed
+// can be measured without profiling a large random model.
+struct SynthPredictor {
+  int64_t rank = 0;
+  std::vector<float> fc1, b1;  // (rank, n_embd), (rank)
+  std::vector<float> fc2, b2;  // (n_ff, rank), (n_ff)
+  float threshold = 0;         // active iff logit > threshold
+  std::vector<double> firing;  // (n_ff) each neuron's firing probability
+};
+absl::StatusOr<std::vector<SynthPredictor>> SynthPredictors(const SynthOptions& options);
+
 absl::Status SynthesizeModel(const SynthOptions& options, const std::string& path,
                              ThreadPool& pool);
 

@@ -100,8 +100,8 @@ SparseFfn::SparseFfn(const LlamaModel& model, std::vector<SparseLayerPlan> plan,
   for (size_t l = 0; l < plan_.size(); ++l) {
     max_rank = std::max(max_rank, plan_[l].rank);
     const LayerWeights& L = model.layers()[l];
-    max_conv = std::max<int64_t>(max_conv, ConvertedBytes(*KernelsFor(L.ffn_gate.type), h.n_embd));
-    max_conv = std::max<int64_t>(max_conv, ConvertedBytes(*KernelsFor(L.ffn_up.type), h.n_embd));
+    max_conv = std::max<int64_t>(max_conv, PreparedBytes(L.ffn_gate.type, h.n_embd));
+    max_conv = std::max<int64_t>(max_conv, PreparedBytes(L.ffn_up.type, h.n_embd));
     std::vector<uint8_t> dev(h.n_ff, 0);
     for (int32_t i : plan_[l].device_neurons) dev[i] = 1;
     on_device_.push_back(std::move(dev));
@@ -170,10 +170,12 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
   }
   const auto t1 = std::chrono::steady_clock::now();
   if (!have_act) {
-    // xn converted once per layer, shared read-only by both executors.
-    const Isa isa = BestIsa();
-    ConvertActivations(*KernelsFor(L.ffn_gate.type), isa, xn, h.n_embd, x_gate_.data());
-    ConvertActivations(*KernelsFor(L.ffn_up.type), isa, xn, h.n_embd, x_up_.data());
+    // xn prepared once per layer (once for both when gate and up share a type), shared
+    // read-only by both executors.
+    PrepareActivations(L.ffn_gate.type, isa_, xn, h.n_embd, x_gate_.data());
+    if (L.ffn_up.type != L.ffn_gate.type) {
+      PrepareActivations(L.ffn_up.type, isa_, xn, h.n_embd, x_up_.data());
+    }
   }
   if (device != nullptr && n_dev > 0) {
     dispatch_pool_->Run([&](int thread) {
@@ -202,10 +204,9 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
   const SparseLayerPlan& p = plan_[layer];
   ThreadPool& pool = *e.pool;
   if (!have_act) {
-    SparseMatVec(pool, *KernelsFor(L.ffn_gate.type), L.ffn_gate, x_gate_.data(), e.idx.data(), n,
-                 e.gate.data());
-    SparseMatVec(pool, *KernelsFor(L.ffn_up.type), L.ffn_up, x_up_.data(), e.idx.data(), n,
-                 e.up.data());
+    const void* x_up = L.ffn_up.type == L.ffn_gate.type ? x_gate_.data() : x_up_.data();
+    SparseGateUp(pool, isa_, L.ffn_gate, x_gate_.data(), L.ffn_up, x_up, e.idx.data(), n,
+                 e.gate.data(), e.up.data());
     GatedActivation(model_.hparams().activation, e.gate.data(), e.up.data(), n);
     // Predicted but below the magnitude threshold: dropped (SparseAxpy skips the zeros).
     const float thr = p.magnitude_threshold;
@@ -217,8 +218,7 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
   for (int64_t j = 0; j < n; ++j) fired += e.gate[j] != 0.0f;
   e.fired = fired;
   const OwnedWeight& dt = down_t_[layer];
-  SparseAxpy(pool, *KernelsFor(dt.view.type), dt.view, e.idx.data(), e.gate.data(), n, e.out.data(),
-             e.scratch);
+  SparseAxpy(pool, isa_, dt.view, e.idx.data(), e.gate.data(), n, e.out.data(), e.scratch);
 }
 
 double SparseFfn::DenseBytesPerToken() const {

@@ -97,7 +97,8 @@ class SparseFfn : public FfnBackend {
   std::unique_ptr<Executor> host_, device_;
 
   // Shared per-token buffers, sized at construction.
-  std::vector<uint8_t> x_gate_, x_up_;        // xn converted for gate's / up's vec_dot
+  const Isa isa_ = BestIsa();
+  std::vector<uint8_t> x_gate_, x_up_;        // xn prepared for gate's / up's row dots
   std::vector<float> hidden_;                 // (max rank)
   std::vector<float> logits_;                 // (n_ff)
   std::vector<float> dense_gate_, dense_up_;  // (n_ff), oracle

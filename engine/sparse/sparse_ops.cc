@@ -1,11 +1,15 @@
-// The neuron-aware operators: row-sparse mat-vec (the per-type vec_dot kernels over the listed
-// rows) and the axpy of down_t rows with per-thread accumulators.
+// The neuron-aware operators: row-sparse mat-vec (the row-dot kernels of engine/ops/row_dot.h
+// over the listed rows, gate and up fused) and the axpy of down_t rows (sparse_kernels.h) with
+// per-part accumulators. Rows a part will need soon are prefetched: active rows are scattered,
+// so the hardware prefetchers only see each row once it has started.
 #include "engine/sparse/sparse_ops.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "engine/ops/row_dot.h"
+#include "engine/sparse/sparse_kernels.h"
 
 namespace thermocline {
 
@@ -13,44 +17,123 @@ void SparseScratch::Reserve(int n_threads, int64_t max_cols, int64_t max_active)
   n_threads_ = n_threads;
   cols_ = max_cols;
   acc_.assign(static_cast<size_t>(n_threads) * max_cols, 0.0f);
-  row_.assign(static_cast<size_t>(n_threads) * max_cols, 0.0f);
   nz_idx_.assign(max_active, 0);
   nz_act_.assign(max_active, 0.0f);
 }
 
-size_t ConvertedBytes(const TypeKernels& k, int64_t n) { return RowBytes(k.vec_dot_type, n); }
+namespace {
 
-void ConvertActivations(const TypeKernels& k, Isa isa, const float* x, int64_t n, void* dst) {
-  if (k.vec_dot_type == GgmlType::kF32) {
-    std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  const TypeKernels* conv = KernelsFor(k.vec_dot_type, isa);
-  if (conv == nullptr) conv = KernelsFor(k.vec_dot_type, Isa::kScalar);
-  conv->from_float(x, dst, n);
+using sparse_internal::AxpyFn;
+using sparse_internal::AxpyFor;
+using sparse_internal::kMaxAxpyRows;
+
+// A part of a parallel operator should stream at least this many weight bytes: below it the
+// hand-off to another thread costs more than the work it takes away.
+constexpr size_t kMinPartBytes = 32 << 10;
+// Active rows whose weights are prefetched ahead of the one being computed: far enough that a
+// row's DRAM latency hides behind the work on the rows before it (about 4 x 100 ns at 1-2 KB
+// rows), near enough that the prefetched lines stay within the core's outstanding misses.
+constexpr int64_t kPrefetchRows = 4;
+
+constexpr GgmlType kKernelTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
+                                     GgmlType::kQ8_0, GgmlType::kQ4_0};
+
+// The row dots of (type, isa), or the scalar ones when this CPU lacks `isa` (Prepare and Dot
+// then agree, as both come through here).
+RowDot RowDotOrScalar(GgmlType type, Isa isa) {
+  RowDot dot(type, isa);
+  return dot.ok() ? dot : RowDot(type, Isa::kScalar);
 }
 
-void SparseMatVec(ThreadPool& pool, const TypeKernels& k, const WeightView& w, const void* x,
-                  const int32_t* idx, int64_t n_active, float* y) {
-  const int64_t n = w.cols;
-  // Grain 4: a few rows per chunk keep the chunks equal while a tiny list stays on one thread.
-  pool.ParallelFor(n_active, 4, [&](int, int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) y[j] = k.vec_dot(n, w.row(idx[j]), x);
+// The (type, isa) whose kernel table entry `k` is; false for kernels from elsewhere.
+bool IdentifyKernels(const TypeKernels& k, GgmlType* type, Isa* isa) {
+  for (Isa i : AvailableIsas()) {
+    for (GgmlType t : kKernelTypes) {
+      if (KernelsFor(t, i) == &k) {
+        *type = t;
+        *isa = i;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Up to the pool's size, as many parts as there are kMinPartBytes of weights to read.
+int PartsFor(const ThreadPool& pool, int64_t rows, size_t row_bytes) {
+  const int64_t by_work = rows * static_cast<int64_t>(row_bytes) / kMinPartBytes;
+  return static_cast<int>(std::clamp<int64_t>(by_work, 1, pool.size()));
+}
+
+// fn(part, begin, end) over `parts` equal slices of [0, n); one part runs on the caller.
+template <class Fn>
+void RunParts(ThreadPool& pool, int parts, int64_t n, const Fn& fn) {
+  if (parts <= 1) {
+    fn(0, int64_t{0}, n);
+    return;
+  }
+  pool.Run([&](int part) {
+    if (part < parts) fn(part, n * part / parts, n * (part + 1) / parts);
   });
 }
 
-namespace {
-
-// acc[0..n) += a * row[0..n)
-inline void Axpy(float a, const float* row, int64_t n, float* acc) {
-  for (int64_t i = 0; i < n; ++i) acc[i] += a * row[i];
+// The first kPrefetchBytes of a row: the hardware prefetchers stream the rest of a long row once
+// its first lines have been read in order, and a prefetch per line of an 8 KB F32 row would cost
+// more instructions than it saves.
+constexpr size_t kPrefetchBytes = 1024;
+inline void PrefetchRow(const uint8_t* p, size_t bytes) {
+  const size_t end = std::min(bytes, kPrefetchBytes);
+  for (size_t o = 0; o < end; o += 64) __builtin_prefetch(p + o);
 }
 
 }  // namespace
 
-void SparseAxpy(ThreadPool& pool, const TypeKernels& k, const WeightView& w_t, const int32_t* idx,
+size_t PreparedBytes(GgmlType type, int64_t n) { return RowDot::PreparedBytes(type, n); }
+
+void PrepareActivations(GgmlType type, Isa isa, const float* x, int64_t n, void* dst) {
+  RowDotOrScalar(type, isa).Prepare(x, n, dst);
+}
+
+void SparseMatVec(ThreadPool& pool, Isa isa, const WeightView& w, const void* x, const int32_t* idx,
+                  int64_t n_active, float* y) {
+  const RowDot dot = RowDotOrScalar(w.type, isa);
+  const int64_t n = w.cols;
+  const size_t bytes = RowBytes(w.type, n);  // of a row's data (row_bytes is the stride)
+  RunParts(pool, PartsFor(pool, n_active, bytes), n_active, [&](int, int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      if (j + kPrefetchRows < end) PrefetchRow(w.row(idx[j + kPrefetchRows]), bytes);
+      y[j] = dot.Dot(n, w.row(idx[j]), x);
+    }
+  });
+}
+
+void SparseGateUp(ThreadPool& pool, Isa isa, const WeightView& gate, const void* x_gate,
+                  const WeightView& up, const void* x_up, const int32_t* idx, int64_t n_active,
+                  float* y_gate, float* y_up) {
+  const RowDot gate_dot = RowDotOrScalar(gate.type, isa), up_dot = RowDotOrScalar(up.type, isa);
+  const int64_t n = gate.cols;
+  const size_t gate_bytes = RowBytes(gate.type, n), up_bytes = RowBytes(up.type, n);
+  RunParts(pool, PartsFor(pool, n_active, gate_bytes + up_bytes), n_active,
+           [&](int, int64_t begin, int64_t end) {
+             for (int64_t j = begin; j < end; ++j) {
+               if (j + kPrefetchRows < end) {
+                 PrefetchRow(gate.row(idx[j + kPrefetchRows]), gate_bytes);
+                 PrefetchRow(up.row(idx[j + kPrefetchRows]), up_bytes);
+               }
+               y_gate[j] = gate_dot.Dot(n, gate.row(idx[j]), x_gate);
+               y_up[j] = up_dot.Dot(n, up.row(idx[j]), x_up);
+             }
+           });
+}
+
+void SparseAxpy(ThreadPool& pool, Isa isa, const WeightView& w_t, const int32_t* idx,
                 const float* act, int64_t n_active, float* out, SparseScratch& scratch) {
   const int64_t n = w_t.cols;
+  // An ISA this CPU lacks falls back to the scalar kernels (TransposeWeight only makes down_t
+  // of types that have kernels).
+  if (AxpyFor(w_t.type, isa) == nullptr) isa = Isa::kScalar;
+  const AxpyFn axpy = AxpyFor(w_t.type, isa);
+  const AxpyFn add = AxpyFor(GgmlType::kF32, isa);
   // Drop exact zeros first so that the split below is by rows that do work.
   int32_t* nz_idx = scratch.nz_idx();
   float* nz_act = scratch.nz_act();
@@ -61,41 +144,70 @@ void SparseAxpy(ThreadPool& pool, const TypeKernels& k, const WeightView& w_t, c
       nz_act[m++] = act[j];
     }
   }
-  const bool is_f32 = w_t.type == GgmlType::kF32;
-  auto accumulate = [&](int thread, int64_t begin, int64_t end, float* acc) {
-    float* tmp = scratch.row(thread);
-    for (int64_t j = begin; j < end; ++j) {
-      const uint8_t* r = w_t.row(nz_idx[j]);
-      if (is_f32) {
-        Axpy(nz_act[j], reinterpret_cast<const float*>(r), n, acc);
-      } else {
-        k.to_float(r, tmp, n);
-        Axpy(nz_act[j], tmp, n, acc);
+  const int parts = std::min(PartsFor(pool, m, w_t.row_bytes), std::max(1, scratch.n_threads()));
+  RunParts(pool, parts, m, [&](int part, int64_t begin, int64_t end) {
+    float* acc = part == 0 ? out : scratch.acc(part);
+    std::fill_n(acc, n, 0.0f);
+    const uint8_t* rows[kMaxAxpyRows];
+    for (int64_t j = begin; j < end; j += kMaxAxpyRows) {
+      const int k = static_cast<int>(std::min<int64_t>(kMaxAxpyRows, end - j));
+      for (int r = 0; r < k; ++r) {
+        rows[r] = w_t.row(nz_idx[j + r]);
+        if (j + kPrefetchRows + r < end) {
+          PrefetchRow(w_t.row(nz_idx[j + kPrefetchRows + r]), w_t.row_bytes);
+        }
       }
+      axpy(n, k, nz_act + j, rows, acc);
     }
-  };
-  const int nt = std::min<int64_t>(pool.size(), scratch.n_threads());
-  if (nt <= 1 || m < 2 * nt) {
-    std::fill_n(out, n, 0.0f);
-    accumulate(0, 0, m, out);
+  });
+  // Explicit reduction of the other parts' accumulators into part 0's (out).
+  for (int p = 1; p < parts; p += kMaxAxpyRows) {
+    const int k = std::min(kMaxAxpyRows, parts - p);
+    const uint8_t* rows[kMaxAxpyRows];
+    const float ones[kMaxAxpyRows] = {1.0f, 1.0f, 1.0f, 1.0f};
+    for (int r = 0; r < k; ++r) rows[r] = reinterpret_cast<const uint8_t*>(scratch.acc(p + r));
+    add(n, k, ones, rows, out);
+  }
+}
+
+size_t ConvertedBytes(const TypeKernels& k, int64_t n) {
+  GgmlType type;
+  Isa isa;
+  if (IdentifyKernels(k, &type, &isa)) return PreparedBytes(type, n);
+  return RowBytes(k.vec_dot_type, n);
+}
+
+void ConvertActivations(const TypeKernels& k, Isa isa, const float* x, int64_t n, void* dst) {
+  GgmlType type;
+  Isa k_isa;
+  if (IdentifyKernels(k, &type, &k_isa)) {
+    PrepareActivations(type, k_isa, x, n, dst);
+  } else if (k.vec_dot_type == GgmlType::kF32) {
+    std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    KernelsFor(k.vec_dot_type, Isa::kScalar)->from_float(x, dst, n);
+  }
+}
+
+void SparseMatVec(ThreadPool& pool, const TypeKernels& k, const WeightView& w, const void* x,
+                  const int32_t* idx, int64_t n_active, float* y) {
+  GgmlType type;
+  Isa isa;
+  if (IdentifyKernels(k, &type, &isa)) {
+    SparseMatVec(pool, isa, w, x, idx, n_active, y);
     return;
   }
-  pool.Run([&](int thread) {
-    float* acc = scratch.acc(thread);
-    std::fill_n(acc, n, 0.0f);
-    if (thread >= nt) return;
-    const int64_t per = (m + nt - 1) / nt;
-    const int64_t begin = std::min(m, thread * per), end = std::min(m, begin + per);
-    accumulate(thread, begin, end, acc);
+  pool.ParallelFor(n_active, 4, [&](int, int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) y[j] = k.vec_dot(w.cols, w.row(idx[j]), x);
   });
-  // Explicit reduction of the per-thread accumulators, parallel over output columns.
-  pool.ParallelFor(n, 64, [&](int, int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float s = 0.0f;
-      for (int t = 0; t < nt; ++t) s += scratch.acc(t)[i];
-      out[i] = s;
-    }
-  });
+}
+
+void SparseAxpy(ThreadPool& pool, const TypeKernels& k, const WeightView& w_t, const int32_t* idx,
+                const float* act, int64_t n_active, float* out, SparseScratch& scratch) {
+  GgmlType type;
+  Isa isa;
+  if (!IdentifyKernels(k, &type, &isa)) isa = BestIsa();
+  SparseAxpy(pool, isa, w_t, idx, act, n_active, out, scratch);
 }
 
 void SparseMatVecReference(const WeightView& w, const float* x, const int32_t* idx,
@@ -153,6 +265,31 @@ absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& 
     }
   });
   return w;
+}
+
+absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,
+                                                   const WeightView& up) {
+  if (gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gate (", TypeName(gate.type), " ", gate.rows, "x", gate.cols, ") and up (",
+                     TypeName(up.type), " ", up.rows, "x", up.cols,
+                     ") differ in type or shape: keep them separate"));
+  }
+  InterleavedGateUp g;
+  const size_t rb = RowBytes(gate.type, gate.cols);
+  g.storage.view = {gate.type, 2 * gate.rows, gate.cols, nullptr, rb};
+  g.storage.data.resize(2 * rb * gate.rows);
+  uint8_t* dst = g.storage.data.data();
+  g.storage.view.data = dst;
+  pool.ParallelFor(gate.rows, 64, [&](int, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      std::memcpy(dst + 2 * r * rb, gate.row(r), rb);
+      std::memcpy(dst + (2 * r + 1) * rb, up.row(r), rb);
+    }
+  });
+  g.gate = {gate.type, gate.rows, gate.cols, dst, 2 * rb};
+  g.up = {gate.type, gate.rows, gate.cols, dst + rb, 2 * rb};
+  return g;
 }
 
 OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t cols) {

@@ -14,6 +14,12 @@
 
 namespace thermocline {
 
+// An owned weight matrix built once at load (down_t, interleaved gate/up).
+struct OwnedWeight {
+  WeightView view;
+  std::vector<uint8_t> data;
+};
+
 // Per-executor buffers of the sparse operators, sized once so that a token never allocates.
 class SparseScratch {
  public:
@@ -21,7 +27,6 @@ class SparseScratch {
   // output row; max_active: the largest active list (n_ff).
   void Reserve(int n_threads, int64_t max_cols, int64_t max_active);
   float* acc(int thread) { return acc_.data() + thread * cols_; }
-  float* row(int thread) { return row_.data() + thread * cols_; }
   int32_t* nz_idx() { return nz_idx_.data(); }
   float* nz_act() { return nz_act_.data(); }
   int n_threads() const { return n_threads_; }
@@ -29,25 +34,64 @@ class SparseScratch {
  private:
   int n_threads_ = 0;
   int64_t cols_ = 0;
-  std::vector<float> acc_;       // (n_threads, max_cols) per-thread accumulators
-  std::vector<float> row_;       // (n_threads, max_cols) one dequantized down_t row per thread
+  std::vector<float> acc_;       // (n_threads, max_cols) per-part accumulators (part 0 unused)
   std::vector<int32_t> nz_idx_;  // (max_active) active neurons with a nonzero activation
   std::vector<float> nz_act_;    // (max_active)
 };
 
-// Bytes of n activations converted to the vec_dot_type of `k`.
-size_t ConvertedBytes(const TypeKernels& k, int64_t n);
-// dst = x: (n) converted to the vec_dot_type of `k` (isa: the ISA whose converter to use).
-void ConvertActivations(const TypeKernels& k, Isa isa, const float* x, int64_t n, void* dst);
+// ---- Gate and up: row-sparse mat-vec over activations prepared once per token ----
 
-// y[j] = dot(w.row(idx[j]), x) for j < n_active; x already converted (ConvertActivations).
-// Threads get equal numbers of rows. k: the kernels of w.type (any ISA).
-void SparseMatVec(ThreadPool& pool, const TypeKernels& k, const WeightView& w, const void* x,
-                  const int32_t* idx, int64_t n_active, float* y);
+// Bytes of x: (n) prepared for the row dots of weights of `type`, for any ISA (int8 panels for
+// Q8_0/Q4_0, F32 for float types; engine/ops/row_dot.h).
+size_t PreparedBytes(GgmlType type, int64_t n);
+// dst = x: (n) prepared for the row dots of `type` weights on `isa`. Once per token and type.
+void PrepareActivations(GgmlType type, Isa isa, const float* x, int64_t n, void* dst);
+
+// y[j] = dot(w.row(idx[j]), x) for j < n_active; x from PrepareActivations(w.type, isa).
+// Parts of equal numbers of rows, as many as the work pays for (a tiny list stays on the
+// calling thread).
+void SparseMatVec(ThreadPool& pool, Isa isa, const WeightView& w, const void* x, const int32_t* idx,
+                  int64_t n_active, float* y);
+// Gate and up fused in one pass over the active list (one hand-off to the pool):
+// y_gate[j] = dot(gate.row(idx[j]), x_gate), y_up[j] = dot(up.row(idx[j]), x_up); x_gate and
+// x_up from PrepareActivations of gate.type / up.type (the same buffer when the types match).
+// gate, up: (n_ff, n_embd).
+void SparseGateUp(ThreadPool& pool, Isa isa, const WeightView& gate, const void* x_gate,
+                  const WeightView& up, const void* x_up, const int32_t* idx, int64_t n_active,
+                  float* y_gate, float* y_up);
+
+// gate and up stored interleaved, built once at load: row 2i of `storage` is gate row i, row
+// 2i + 1 up row i, so an active neuron's gate and up weights are one contiguous read (random
+// rows cost more than their bytes: each starts a new DRAM access the prefetchers don't foresee).
+// `gate` and `up` view the storage with a doubled row stride; pass them to SparseGateUp as they
+// are. Costs a copy of gate and up.
+struct InterleavedGateUp {
+  OwnedWeight storage;  // (2 n_ff, n_embd)
+  WeightView gate, up;  // (n_ff, n_embd) each, row_bytes = 2 × a row
+};
+// gate, up: (n_ff, n_embd) of one type. Parallel over the pool.
+absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,
+                                                   const WeightView& up);
+
+// ---- Down: axpy over down_t rows ----
 
 // out: (w_t.cols) = Σ_j act[j] · w_t.row(idx[j]) over j < n_active, act[j] == 0 skipped.
-// w_t: (n_ff, n_embd), the transposed down. Per-thread accumulators, reduced explicitly;
-// threads get equal numbers of nonzero rows. k: the kernels of w_t.type.
+// w_t: (n_ff, n_embd), the transposed down. Parts of equal numbers of nonzero rows, each with
+// its own accumulator (part 0 writes out), reduced explicitly after they finish. The SIMD
+// kernels of `isa`; scratch reserved for at least pool.size() threads and n_active rows.
+void SparseAxpy(ThreadPool& pool, Isa isa, const WeightView& w_t, const int32_t* idx,
+                const float* act, int64_t n_active, float* out, SparseScratch& scratch);
+
+// ---- The first interface, kept: `k` is KernelsFor(w.type, isa) and selects the ISA ----
+
+// PreparedBytes of the type whose kernels `k` are (for any of its ISAs).
+size_t ConvertedBytes(const TypeKernels& k, int64_t n);
+// PrepareActivations of the type whose kernels `k` are, on `isa`.
+void ConvertActivations(const TypeKernels& k, Isa isa, const float* x, int64_t n, void* dst);
+// SparseMatVec on the ISA of `k`; x from ConvertActivations(k, that isa).
+void SparseMatVec(ThreadPool& pool, const TypeKernels& k, const WeightView& w, const void* x,
+                  const int32_t* idx, int64_t n_active, float* y);
+// SparseAxpy on the ISA of `k` (the kernels of w_t.type).
 void SparseAxpy(ThreadPool& pool, const TypeKernels& k, const WeightView& w_t, const int32_t* idx,
                 const float* act, int64_t n_active, float* out, SparseScratch& scratch);
 
@@ -57,11 +101,6 @@ void SparseMatVecReference(const WeightView& w, const float* x, const int32_t* i
 void SparseAxpyReference(const WeightView& w_t, const int32_t* idx, const float* act,
                          int64_t n_active, float* out);
 
-// An owned transposed weight matrix (down_t), built once at load.
-struct OwnedWeight {
-  WeightView view;
-  std::vector<uint8_t> data;
-};
 // down_t: (down.cols, down.rows) of down's type, or F32 when that type's block size does not
 // divide down.rows (or it has no kernels). Parallel over the pool.
 absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down);

@@ -7,10 +7,12 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
+#include "engine/sparse/sparse_kernels.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline {
@@ -43,15 +45,17 @@ std::vector<float> Dequantized(const WeightView& w) {
   return out;
 }
 
-// Active sets: empty, one neuron, every 7th + a few random, all.
+// Active sets: empty, one neuron, six descending (the axpy's groups of 4 rows plus a tail),
+// every 7th + a few random, all.
 std::vector<std::vector<int32_t>> ActiveSets(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::vector<int32_t> single = {static_cast<int32_t>(n / 2)}, partial, all;
+  std::vector<int32_t> single = {static_cast<int32_t>(n / 2)}, six, partial, all;
+  for (int32_t i = 0; i < 6; ++i) six.push_back(static_cast<int32_t>(n - 1 - 3 * i));
   for (int32_t i = 0; i < n; ++i) {
     all.push_back(i);
     if (i % 7 == 3 || rng() % 5 == 0) partial.push_back(i);
   }
-  return {{}, single, partial, all};
+  return {{}, single, six, partial, all};
 }
 
 // Error bound of a dot of n elements against the float reference: summation roundings (as in
@@ -73,34 +77,64 @@ double DotBound(const float* w, const float* x, int64_t n, bool quantized) {
 
 void CheckMatVec(GgmlType type, int64_t rows, int64_t cols, ThreadPool& pool) {
   const OwnedWeight w = RandomWeight(type, rows, cols, 3);
-  const std::vector<float> wf = Dequantized(w.view);
+  const OwnedWeight w_up = RandomWeight(type, rows, cols, 4);
+  const std::vector<float> wf = Dequantized(w.view), uf = Dequantized(w_up.view);
   std::mt19937 rng(9);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(cols);
   for (float& f : x) f = dist(rng);
+  const absl::StatusOr<InterleavedGateUp> interleaved = InterleaveGateUp(pool, w.view, w_up.view);
+  REQUIRE(interleaved.ok());
+  REQUIRE(interleaved->storage.view.rows == 2 * rows);
   for (Isa isa : AvailableIsas()) {
     const TypeKernels* k = KernelsFor(type, isa);
     if (k == nullptr) continue;
     const bool quantized = k->vec_dot_type != GgmlType::kF32;
     std::vector<uint8_t> xc(ConvertedBytes(*k, cols));
     ConvertActivations(*k, isa, x.data(), cols, xc.data());
-    std::vector<float> dense(rows);
+    std::vector<uint8_t> xp(PreparedBytes(type, cols));
+    PrepareActivations(type, isa, x.data(), cols, xp.data());
+    std::vector<float> dense(rows), dense_up(rows);
     MatMulScratch scratch;
     scratch.Reserve(1, cols);
     MatMul(pool, w.view, x.data(), 1, dense.data(), scratch, isa);
+    MatMul(pool, w_up.view, x.data(), 1, dense_up.data(), scratch, isa);
     for (const std::vector<int32_t>& idx : ActiveSets(rows, 17)) {
-      std::vector<float> y(idx.size() + 1, -1.0f), ref(idx.size() + 1);
-      SparseMatVec(pool, *k, w.view, xc.data(), idx.data(), idx.size(), y.data());
-      SparseMatVecReference(w.view, x.data(), idx.data(), idx.size(), ref.data());
-      for (size_t j = 0; j < idx.size(); ++j) {
+      const size_t n = idx.size();
+      std::vector<float> y(n + 1, -1.0f), y_isa(n + 1, -1.0f), ref(n + 1), ref_up(n + 1);
+      std::vector<float> y_gate(n + 1, -1.0f), y_up(n + 1, -1.0f);
+      SparseMatVec(pool, *k, w.view, xc.data(), idx.data(), n, y.data());
+      SparseMatVec(pool, isa, w.view, xp.data(), idx.data(), n, y_isa.data());
+      SparseGateUp(pool, isa, w.view, xp.data(), w_up.view, xp.data(), idx.data(), n, y_gate.data(),
+                   y_up.data());
+      std::vector<float> yi_gate(n + 1, -1.0f), yi_up(n + 1, -1.0f);
+      SparseGateUp(pool, isa, interleaved->gate, xp.data(), interleaved->up, xp.data(), idx.data(),
+                   n, yi_gate.data(), yi_up.data());
+      SparseMatVecReference(w.view, x.data(), idx.data(), n, ref.data());
+      SparseMatVecReference(w_up.view, x.data(), idx.data(), n, ref_up.data());
+      for (size_t j = 0; j < n; ++j) {
         const double bound = DotBound(wf.data() + idx[j] * cols, x.data(), cols, quantized);
+        const double bound_up = DotBound(uf.data() + idx[j] * cols, x.data(), cols, quantized);
         INFO(TypeName(type) << " " << IsaName(isa) << " rows " << rows << " cols " << cols
-                            << " active " << idx.size() << " j " << j);
+                            << " active " << n << " j " << j << " threads " << pool.size());
         REQUIRE(std::fabs(y[j] - ref[j]) <= bound);
         // Dense and sparse are each within `bound` of the reference.
         REQUIRE(std::fabs(y[j] - dense[idx[j]]) <= 2 * bound);
+        // The ISA-explicit and fused forms run the same kernels on the same rows: bit-equal.
+        REQUIRE(y_isa[j] == y[j]);
+        REQUIRE(y_gate[j] == y[j]);
+        REQUIRE(yi_gate[j] == y_gate[j]);  // interleaved storage: same rows, same kernels
+        REQUIRE(yi_up[j] == y_up[j]);
+        REQUIRE(std::fabs(y_up[j] - ref_up[j]) <= bound_up);
+        REQUIRE(std::fabs(y_up[j] - dense_up[idx[j]]) <= 2 * bound_up);
       }
-      REQUIRE(y[idx.size()] == -1.0f);  // nothing written past the list
+      // Nothing written past the list.
+      REQUIRE(y[n] == -1.0f);
+      REQUIRE(y_isa[n] == -1.0f);
+      REQUIRE(y_gate[n] == -1.0f);
+      REQUIRE(y_up[n] == -1.0f);
+      REQUIRE(yi_gate[n] == -1.0f);
+      REQUIRE(yi_up[n] == -1.0f);
     }
   }
 }
@@ -132,6 +166,8 @@ void CheckAxpy(GgmlType type, int64_t n_embd, int64_t n_ff, ThreadPool& pool) {
       for (size_t j = 0; j < act.size(); ++j) act[j] = (j % 3 == 1) ? 0.0f : dist(rng);
       std::vector<float> out(n_embd, 123.0f), ref(n_embd), dense(n_embd, 0.0f);
       SparseAxpy(pool, *k, w_t, idx.data(), act.data(), idx.size(), out.data(), scratch);
+      std::vector<float> out_isa(n_embd, -7.0f);
+      SparseAxpy(pool, isa, w_t, idx.data(), act.data(), idx.size(), out_isa.data(), scratch);
       SparseAxpyReference(w_t, idx.data(), act.data(), idx.size(), ref.data());
       // Dense down restricted to the active set: activations zero elsewhere, summed in double.
       std::vector<double> acc(n_embd, 0.0), mag(n_embd, 0.0);
@@ -147,6 +183,7 @@ void CheckAxpy(GgmlType type, int64_t n_embd, int64_t n_ff, ThreadPool& pool) {
         INFO(TypeName(type) << " " << IsaName(isa) << " n_embd " << n_embd << " n_ff " << n_ff
                             << " active " << idx.size() << " i " << i);
         REQUIRE(std::fabs(out[i] - ref[i]) <= bound);
+        REQUIRE(out_isa[i] == out[i]);  // the same kernels and split: bit-equal
         if (exact_transpose) REQUIRE(std::fabs(out[i] - acc[i]) <= bound);
       }
     }
@@ -171,6 +208,68 @@ TEST_CASE("sparse axpy over down_t equals dense down restricted", "[sparse]") {
       const bool blocked = TypeInfo(type).block_size > 1;
       CheckAxpy(type, blocked ? 64 : 37, blocked ? 96 : 67, pool);
       CheckAxpy(type, 48, blocked ? 224 : 131, pool);  // 48: blocks don't divide → F32 down_t
+    }
+  }
+}
+
+TEST_CASE("interleaving gate and up refuses mismatched matrices", "[sparse]") {
+  ThreadPool pool(1);
+  const OwnedWeight a = RandomWeight(GgmlType::kQ8_0, 8, 64, 1);
+  const OwnedWeight b = RandomWeight(GgmlType::kQ4_0, 8, 64, 2);
+  const OwnedWeight c = RandomWeight(GgmlType::kQ8_0, 9, 64, 3);
+  absl::StatusOr<InterleavedGateUp> r = InterleaveGateUp(pool, a.view, b.view);
+  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(std::string(r.status().message()).find("keep them separate") != std::string::npos);
+  REQUIRE(!InterleaveGateUp(pool, a.view, c.view).ok());
+}
+
+// Lists long enough that the operators split them over the pool's threads (a part needs tens of
+// KB of weights), with the per-part accumulators of down reduced at the end.
+TEST_CASE("sparse operators split long lists over threads", "[sparse]") {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    for (GgmlType type : kTypes) {
+      CheckMatVec(type, 1024, 512, pool);
+      CheckAxpy(type, 512, 1024, pool);
+    }
+  }
+}
+
+// Every SIMD axpy kernel against the scalar one, for 1..4 rows folded at once and odd lengths.
+TEST_CASE("axpy kernels of every ISA equal the scalar kernels", "[sparse]") {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (GgmlType type : kTypes) {
+    const bool blocked = TypeInfo(type).block_size > 1;
+    for (int64_t n :
+         {blocked ? int64_t{32} : int64_t{7}, blocked ? int64_t{96} : int64_t{45}, int64_t{256}}) {
+      const OwnedWeight w = RandomWeight(type, sparse_internal::kMaxAxpyRows, n, 8);
+      const std::vector<float> wf = Dequantized(w.view);
+      for (int k = 1; k <= sparse_internal::kMaxAxpyRows; ++k) {
+        const uint8_t* rows[sparse_internal::kMaxAxpyRows];
+        float a[sparse_internal::kMaxAxpyRows];
+        for (int r = 0; r < k; ++r) {
+          rows[r] = w.view.row(r);
+          a[r] = dist(rng);
+        }
+        std::vector<float> init(n);
+        for (float& f : init) f = dist(rng);
+        std::vector<float> ref = init;
+        sparse_internal::AxpyFor(type, Isa::kScalar)(n, k, a, rows, ref.data());
+        for (Isa isa : AvailableIsas()) {
+          std::vector<float> acc = init;
+          acc.push_back(99.0f);  // a guard past the end
+          sparse_internal::AxpyFor(type, isa)(n, k, a, rows, acc.data());
+          for (int64_t i = 0; i < n; ++i) {
+            double mag = std::fabs(init[i]);
+            for (int r = 0; r < k; ++r) mag += std::fabs(a[r] * wf[r * n + i]);
+            INFO(TypeName(type) << " " << IsaName(isa) << " n " << n << " k " << k << " i " << i);
+            // k + 1 roundings of the float sum, each at most ε of the magnitude (FMA or not).
+            REQUIRE(std::fabs(acc[i] - ref[i]) <= (k + 1) * 2 * kEps * mag + 1e-30);
+          }
+          REQUIRE(acc[n] == 99.0f);
+        }
+      }
     }
   }
 }
