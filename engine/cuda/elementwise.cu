@@ -1,0 +1,208 @@
+// The small kernels of a llama layer on the GPU: RMSNorm, RoPE, gated activations (with the
+// sparse path's magnitude threshold and fired count), decode attention over a device KV cache,
+// and the predictor's bias+ReLU and threshold-to-active-list. Same formulas as
+// engine/model/cpu_ops.h and engine/model/session.cc, float accumulation.
+#include "engine/cuda/cuda_kernels.h"
+
+namespace thermocline::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned Blocks(int64_t n, int per_block) {
+  return static_cast<unsigned>((n + per_block - 1) / per_block);
+}
+
+// Sum / max of v over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it.
+template <bool kMax>
+__device__ float BlockReduce(float v, float* shared /* 32 floats */) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, u) : v + u;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+  __syncthreads();  // shared may still be read by a previous reduction
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? shared[lane] : (kMax ? -INFINITY : 0.0f);
+  for (int o = 16; o > 0; o /= 2) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, u) : v + u;
+  }
+  return v;
+}
+
+__global__ void RmsNormKernel(const float* x, const float* w, int64_t n, float eps, float* out) {
+  __shared__ float shared[32];
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i] * x[i];
+  sum = BlockReduce<false>(sum, shared);
+  const float scale = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = x[i] * scale * w[i];
+}
+
+__global__ void RopeKernel(float* x, int64_t n_heads, int64_t head_dim, int64_t half_rope,
+                           const float* cos_sin) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (item >= n_heads * half_rope) return;
+  const int64_t h = item / half_rope, i = item % half_rope;
+  float* v = x + h * head_dim + 2 * i;
+  const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+  const float x0 = v[0], x1 = v[1];
+  v[0] = x0 * c - x1 * s;
+  v[1] = x0 * s + x1 * c;
+}
+
+__global__ void GatedActivationKernel(int act, float* gate, const float* up, const int32_t* count,
+                                      int64_t n, float magnitude_threshold, int32_t* fired) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t len = count != nullptr ? *count : n;
+  int nonzero = 0;
+  if (j < len) {
+    const float g = gate[j], u = up[j];
+    float a;
+    if (act == 0) {
+      a = g / (1.0f + expf(-g)) * u;
+    } else if (act == 1) {
+      a = g > 0.0f ? g * u : 0.0f;
+    } else {
+      a = (g > 0.0f && u > 0.0f) ? g * u : 0.0f;
+    }
+    if (fabsf(a) <= magnitude_threshold) a = 0.0f;
+    gate[j] = a;
+    nonzero = a != 0.0f;
+  }
+  if (fired != nullptr) {
+    const int block_count = __syncthreads_count(nonzero);
+    if (threadIdx.x == 0 && block_count > 0) atomicAdd(fired, block_count);
+  }
+}
+
+// One block per head. Scores in global scratch; out = Σ_j softmax_j · v_j, computed by
+// kThreads / head_dim groups of threads over interleaved j, summed in a fixed order.
+__global__ void AttentionKernel(const float* q, const float* k, const float* v, int64_t n_kv,
+                                int64_t n_head, int64_t group, int64_t head_dim, int64_t kv_dim,
+                                float* scores, float* out) {
+  __shared__ float shared[32];
+  __shared__ float acc[kThreads];
+  const int64_t head = blockIdx.x;
+  const int64_t kv_off = (head / group) * head_dim;
+  const float* qh = q + head * head_dim;
+  float* sc = scores + head * n_kv;
+  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+  float max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n_kv; j += blockDim.x) {
+    const float* kj = k + j * kv_dim + kv_off;
+    float dot = 0.0f;
+    for (int64_t i = 0; i < head_dim; ++i) dot += qh[i] * kj[i];
+    sc[j] = dot * scale;
+    max = fmaxf(max, sc[j]);
+  }
+  max = BlockReduce<true>(max, shared);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < n_kv; j += blockDim.x) {
+    const float e = expf(sc[j] - max);
+    sc[j] = e;
+    sum += e;
+  }
+  sum = BlockReduce<false>(sum, shared);  // its __syncthreads also publishes sc to the block
+  const float inv = 1.0f / sum;
+  const int64_t groups = head_dim <= blockDim.x ? blockDim.x / head_dim : 1;
+  const int64_t g = threadIdx.x / head_dim;
+  for (int64_t i0 = 0; i0 < head_dim; i0 += blockDim.x) {
+    const int64_t i = i0 + threadIdx.x % head_dim;
+    float a = 0.0f;
+    if (g < groups && i < head_dim) {
+      for (int64_t j = g; j < n_kv; j += groups) a += sc[j] * v[j * kv_dim + kv_off + i];
+    }
+    __syncthreads();
+    acc[threadIdx.x] = a;
+    __syncthreads();
+    if (threadIdx.x < head_dim && i0 + threadIdx.x < head_dim) {
+      float total = 0.0f;
+      for (int64_t gg = 0; gg < groups; ++gg) total += acc[gg * head_dim + threadIdx.x];
+      out[head * head_dim + i0 + threadIdx.x] = total * inv;
+    }
+  }
+}
+
+__global__ void BiasReluKernel(float* h, const float* b, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) h[i] = fmaxf(0.0f, h[i] + b[i]);
+}
+
+// One block of 1024 threads; thread t owns the contiguous slice [t·chunk, (t+1)·chunk), so the
+// list comes out ascending after an exclusive scan of the slice counts.
+constexpr int kCompactThreads = 1024;
+__global__ void ThresholdCompactKernel(const float* logits, const float* b2, const int32_t* table,
+                                       int64_t n, float threshold, int32_t* idx, int32_t* count) {
+  __shared__ int offsets[kCompactThreads];
+  const int64_t chunk = (n + kCompactThreads - 1) / kCompactThreads;
+  const int64_t begin = threadIdx.x * chunk;
+  const int64_t end = min(begin + chunk, n);
+  int mine = 0;
+  for (int64_t k = begin; k < end; ++k) mine += logits[k] + b2[table[k]] > threshold;
+  offsets[threadIdx.x] = mine;
+  __syncthreads();
+  for (int stride = 1; stride < kCompactThreads; stride *= 2) {  // inclusive Hillis-Steele scan
+    const int add = threadIdx.x >= stride ? offsets[threadIdx.x - stride] : 0;
+    __syncthreads();
+    offsets[threadIdx.x] += add;
+    __syncthreads();
+  }
+  int at = offsets[threadIdx.x] - mine;
+  for (int64_t k = begin; k < end; ++k) {
+    if (logits[k] + b2[table[k]] > threshold) idx[at++] = static_cast<int32_t>(k);
+  }
+  if (threadIdx.x == kCompactThreads - 1) *count = offsets[threadIdx.x];
+}
+
+__global__ void IotaKernel(int32_t* idx, int64_t n, int32_t* count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) idx[i] = static_cast<int32_t>(i);
+  if (i == 0) *count = static_cast<int32_t>(n);
+}
+
+}  // namespace
+
+void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out, cudaStream_t s) {
+  RmsNormKernel<<<1, 1024, 0, s>>>(x, w, n, eps, out);
+}
+
+void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dim, const float* cos_sin,
+          cudaStream_t s) {
+  const int64_t items = n_heads * (rope_dim / 2);
+  if (items == 0) return;
+  RopeKernel<<<Blocks(items, kThreads), kThreads, 0, s>>>(x, n_heads, head_dim, rope_dim / 2,
+                                                          cos_sin);
+}
+
+void GatedActivation(int act, float* gate, const float* up, const int32_t* count, int64_t n,
+                     float magnitude_threshold, int32_t* fired, cudaStream_t s) {
+  if (n <= 0) return;
+  GatedActivationKernel<<<Blocks(n, kThreads), kThreads, 0, s>>>(act, gate, up, count, n,
+                                                                 magnitude_threshold, fired);
+}
+
+void Attention(const float* q, const float* k, const float* v, int64_t n_kv, int64_t n_head,
+               int64_t n_head_kv, int64_t head_dim, float* scores, float* out, cudaStream_t s) {
+  if (n_head == 0 || n_kv == 0) return;
+  AttentionKernel<<<static_cast<unsigned>(n_head), kThreads, 0, s>>>(
+      q, k, v, n_kv, n_head, n_head / n_head_kv, head_dim, n_head_kv * head_dim, scores, out);
+}
+
+void BiasRelu(float* h, const float* b, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  BiasReluKernel<<<Blocks(n, kThreads), kThreads, 0, s>>>(h, b, n);
+}
+
+void ThresholdCompact(const float* logits, const float* b2, const int32_t* table, int64_t n,
+                      float threshold, int32_t* idx, int32_t* count, cudaStream_t s) {
+  ThresholdCompactKernel<<<1, kCompactThreads, 0, s>>>(logits, b2, table, n, threshold, idx, count);
+}
+
+void Iota(int32_t* idx, int64_t n, int32_t* count, cudaStream_t s) {
+  IotaKernel<<<Blocks(n > 0 ? n : 1, kThreads), kThreads, 0, s>>>(idx, n, count);
+}
+
+}  // namespace thermocline::cuda

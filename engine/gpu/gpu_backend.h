@@ -1,0 +1,35 @@
+// The GPU backend's entry point, free of CUDA headers and compile flags: whether this build has
+// the CUDA backend and whether a device is present. One binary serves both cases: without a
+// device (or without the CUDA backend) Probe returns an error and the engine runs on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace thermocline::gpu {
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;       // e.g. "NVIDIA H200"
+  int compute_major = 0;  // compute capability, e.g. 9.0
+  int compute_minor = 0;
+  uint64_t total_bytes = 0;  // device memory
+  uint64_t free_bytes = 0;   // free when probed
+  int multiprocessors = 0;
+};
+
+// True when this binary was built with the CUDA backend (THERMOCLINE_CUDA).
+bool CudaCompiledIn();
+
+// Device `index` if it exists and works. Errors (never a crash):
+//   UnavailableError "no CUDA device: ..." when the build has no CUDA backend, no driver is
+//   installed, or no device is visible (CUDA_VISIBLE_DEVICES), and NotFoundError for an index
+//   past the last device.
+absl::StatusOr<DeviceInfo> Probe(int index = 0);
+
+// Whether a [cuda] test or benchmark can run here: Probe(0).ok().
+bool DeviceAvailable();
+
+}  // namespace thermocline::gpu

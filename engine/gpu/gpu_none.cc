@@ -1,0 +1,30 @@
+// The GPU entry points of a build without the CUDA backend (THERMOCLINE_CUDA off): every one
+// reports that there is no CUDA device, so callers fall back to the CPU.
+#include "engine/gpu/gpu_backend.h"
+#include "engine/gpu/gpu_ffn_executor.h"
+#include "engine/gpu/gpu_ops.h"
+
+namespace thermocline::gpu {
+
+namespace {
+absl::Status NoCuda() {
+  return absl::UnavailableError(
+      "no CUDA device: this build has no CUDA backend (rebuild with the CUDA toolkit installed "
+      "and -DTHERMOCLINE_CUDA=ON)");
+}
+}  // namespace
+
+bool CudaCompiledIn() { return false; }
+absl::StatusOr<DeviceInfo> Probe(int index) { return NoCuda(); }
+bool DeviceAvailable() { return false; }
+bool TypeSupported(GgmlType type) { return false; }
+
+absl::StatusOr<std::unique_ptr<GpuOps>> GpuOps::Create(uint64_t memory_cap, int device) {
+  return NoCuda();
+}
+
+absl::StatusOr<std::unique_ptr<GpuFfnExecutor>> CreateGpuFfnExecutor(const GpuFfnSpec& spec) {
+  return NoCuda();
+}
+
+}  // namespace thermocline::gpu
