@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <set>
@@ -103,6 +104,8 @@ absl::Status ReadModels(const toml::node* node, ServerConfig* c) {
     r.Get<int64_t>("n_ctx", &m.n_ctx);
     r.Get<std::string>("activation", &m.activation);
     r.Get<std::string>("chat_template", &m.chat_template);
+    r.Get<std::string>("sparse", &m.sparse);
+    r.Get<std::string>("sidecar", &m.sidecar);
     if (absl::Status s = r.Finish(); !s.ok()) return s;
     if (m.path.empty()) return KeyError("models.path", "is required");
     c->models.push_back(std::move(m));
@@ -123,8 +126,8 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
                                                    std::string(err.description())));
   }
   for (const auto& [k, v] : root) {
-    static const std::set<std::string> kSections = {"server", "scheduler", "sampling",
-                                                    "log",    "debug",     "models"};
+    static const std::set<std::string> kSections = {"server", "scheduler", "sampling", "log",
+                                                    "debug",  "models",    "registry"};
     if (!kSections.count(std::string(k.str()))) {
       return KeyError(std::string(k.str()), "unknown section");
     }
@@ -132,6 +135,7 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   TableReader server(root["server"].as_table(), "server.");
   server.Get<std::string>("host", &c->host);
   server.Get<int64_t>("port", &c->port);
+  server.Get<int64_t>("grpc_port", &c->grpc_port);
   server.GetStringList("api_keys", &c->api_keys);
   server.GetStringList("api_key", &c->api_keys);
   server.Get<int64_t>("max_body_bytes", &c->max_body_bytes);
@@ -139,6 +143,7 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   server.Get<int64_t>("read_timeout_s", &c->read_timeout_s);
   server.Get<int64_t>("write_timeout_s", &c->write_timeout_s);
   server.Get<int64_t>("shutdown_timeout_s", &c->shutdown_timeout_s);
+  server.Get<std::string>("admin_key", &c->admin_key);
   if (absl::Status s = server.Finish(); !s.ok()) return s;
 
   TableReader sched(root["scheduler"].as_table(), "scheduler.");
@@ -170,7 +175,17 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
 
   TableReader debug(root["debug"].as_table(), "debug.");
   debug.Get<int64_t>("decode_delay_ms", &c->decode_delay_ms);
+  debug.Get<int64_t>("job_stage_delay_ms", &c->job_stage_delay_ms);
   if (absl::Status s = debug.Finish(); !s.ok()) return s;
+
+  TableReader reg(root["registry"].as_table(), "registry.");
+  reg.Get<std::string>("state_dir", &c->state_dir);
+  reg.Get<int64_t>("jobs", &c->jobs);
+  reg.Get<int64_t>("model_memory_budget", &c->model_memory_budget);
+  reg.Get<int64_t>("profile_tokens", &c->profile_tokens);
+  reg.Get<double>("solve_time_limit_s", &c->solve_time_limit_s);
+  reg.Get<std::string>("hardware", &c->hardware);
+  if (absl::Status s = reg.Finish(); !s.ok()) return s;
 
   return ReadModels(root.get("models"), c);
 }
@@ -197,7 +212,9 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     return absl::OkStatus();
   };
   for (absl::Status s :
-       {range("server.port", c->port, 0, 65535), range("scheduler.slots", c->slots, 1, 256),
+       {range("server.port", c->port, 0, 65535),
+        range("server.grpc_port", c->grpc_port, -1, 65535),
+        range("scheduler.slots", c->slots, 1, 256),
         range("scheduler.queue", c->queue, 0, 65536),
         range("scheduler.threads_per_slot", c->threads_per_slot, 0, 1024),
         range("scheduler.max_batch", c->max_batch, 1, 4096),
@@ -210,7 +227,11 @@ absl::Status FinalizeConfig(ServerConfig* c) {
         range("sampling.max_tokens", c->default_max_tokens, 0, 1 << 24),
         range("sampling.max_stop_strings", c->max_stop_strings, 0, 1024),
         range("sampling.max_stop_length", c->max_stop_length, 1, 1 << 16),
-        range("debug.decode_delay_ms", c->decode_delay_ms, 0, 60000)}) {
+        range("debug.decode_delay_ms", c->decode_delay_ms, 0, 60000),
+        range("debug.job_stage_delay_ms", c->job_stage_delay_ms, 0, 600000),
+        range("registry.jobs", c->jobs, 1, 64),
+        range("registry.model_memory_budget", c->model_memory_budget, 0, int64_t{1} << 50),
+        range("registry.profile_tokens", c->profile_tokens, 16, int64_t{1} << 30)}) {
     if (!s.ok()) return s;
   }
   if (!(c->request_timeout_s >= 0)) return KeyError("scheduler.request_timeout_s", "must be >= 0");
@@ -222,15 +243,16 @@ absl::Status FinalizeConfig(ServerConfig* c) {
   if (!kLevels.count(c->log_level)) {
     return KeyError("log.level", "must be one of trace, debug, info, warn, error, critical, off");
   }
-  if (c->models.empty()) {
-    return absl::InvalidArgumentError("no model: pass --model FILE or add a [[models]] table");
-  }
+  if (!(c->solve_time_limit_s > 0)) return KeyError("registry.solve_time_limit_s", "must be > 0");
   std::set<std::string> names;
   for (ModelConfig& m : c->models) {
     if (m.name.empty()) m.name = std::filesystem::path(m.path).stem().string();
     if (!names.insert(m.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("two models are named '", m.name, "': give one another name (PATH=NAME)"));
+    }
+    if (m.sparse != "off" && m.sparse != "on" && m.sparse != "auto") {
+      return KeyError("models.sparse", absl::StrCat("'", m.sparse, "': use off, on or auto"));
     }
     if (m.n_ctx < 0 || m.n_ctx > (int64_t{1} << 20)) {
       return KeyError("models.n_ctx", "must be in [0, 1048576]");
@@ -240,6 +262,15 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     c->threads_per_slot = std::max(1, ThreadPool::DefaultThreads() / c->slots);
   }
   if (c->http_threads == 0) c->http_threads = c->slots + c->queue + 8;
+  if (c->state_dir.empty()) {
+    const char* xdg = std::getenv("XDG_STATE_HOME");
+    const char* home = std::getenv("HOME");
+    if (xdg != nullptr && *xdg != '\0') {
+      c->state_dir = (std::filesystem::path(xdg) / "thermocline").string();
+    } else if (home != nullptr && *home != '\0') {
+      c->state_dir = (std::filesystem::path(home) / ".local/state/thermocline").string();
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -17,18 +17,24 @@ struct ModelConfig {
   int64_t n_ctx = 0;          // context per slot; 0: the model's training context
   std::string activation;     // override llama.feed_forward_activation ("" = from the file)
   std::string chat_template;  // "" = from tokenizer.chat_template; or a family name (see docs)
+  // Sparse serving: "off" (dense), "on" (a sidecar is required), "auto" (sparse when a sidecar
+  // is given or lies beside the model as <path>.thermo.gguf).
+  std::string sparse = "auto";
+  std::string sidecar;  // offline sidecar (thermocline profile); "" = look beside the model
 };
 
 struct ServerConfig {
   // [server]
   std::string host = "127.0.0.1";
   int port = 8080;                    // 0: any free port (printed on stdout)
+  int grpc_port = 50051;              // gRPC front end on host; 0: any free port; -1: off
   std::vector<std::string> api_keys;  // empty: no authentication
   int64_t max_body_bytes = 4 << 20;
   int http_threads = 0;  // 0: slots + queue + 8
   int read_timeout_s = 30;
   int write_timeout_s = 30;
   int shutdown_timeout_s = 10;  // graceful-stop budget before in-flight requests are cancelled
+  std::string admin_key;        // /admin/*: this key; "" = the API keys (if any)
 
   // [scheduler]
   int slots = 1;
@@ -48,8 +54,18 @@ struct ServerConfig {
   std::string log_level = "info";
   bool access_log = true;
 
+  // [registry]: registered models, background profiling jobs.
+  std::string state_dir;  // "" = $XDG_STATE_HOME/thermocline or ~/.local/state/thermocline
+  int jobs = 1;           // profiling jobs that run at once
+  int64_t model_memory_budget = 0;  // bytes of weights loaded at once (LRU unload); 0 = unlimited
+  int64_t profile_tokens = 4096;    // default tokens a job profiles
+  double solve_time_limit_s = 10;   // placement ILP budget per job
+  std::string hardware;             // hardware profile file the placement is solved for; "" =
+                                    // the defaults (RTX 3060 12 GB) with the CPU measured here
+
   // [debug]
-  int decode_delay_ms = 0;  // sleep after each token: makes the tiny test models slow
+  int decode_delay_ms = 0;     // sleep after each token: makes the tiny test models slow
+  int job_stage_delay_ms = 0;  // sleep after each job stage: makes jobs slow enough to interrupt
 
   std::vector<ModelConfig> models;  // [[models]]
 };

@@ -7,12 +7,16 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <thread>
 
+#include "server/grpc_front_end.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/model_manager.h"
 #include "server/model_registry.h"
+#include "server/registry_store.h"
 #include "server/scheduler.h"
 #include "spdlog/spdlog.h"
 
@@ -58,12 +62,38 @@ absl::Status RunDaemon(const ServerConfig& config) {
   ModelRegistry registry(config.models);
   Scheduler scheduler(config, &metrics);
   HttpFrontEnd http(config, &registry, &metrics);
+  // Registered models (state directory): restored before the front end listens. Without a
+  // usable state directory the daemon still serves its configured models.
+  std::unique_ptr<ModelManager> manager;
+  if (config.state_dir.empty()) {
+    spdlog::warn(
+        "no state directory (neither HOME nor XDG_STATE_HOME is set): the admin API is "
+        "off; set --state-dir");
+  } else if (auto store = RegistryStore::Open(config.state_dir); !store.ok()) {
+    spdlog::warn("the admin API is off: {}", std::string(store.status().message()));
+  } else {
+    manager = std::make_unique<ModelManager>(config, &registry, std::move(*store));
+    if (absl::Status s = manager->Start(); !s.ok()) {
+      spdlog::warn("the admin API is off: {}", std::string(s.message()));
+      manager.reset();
+    }
+  }
+  if (manager != nullptr) http.SetAdmin(manager.get());
   auto port = http.Bind();
   if (!port.ok()) return port.status();
   std::printf("thermocline: listening on http://%s:%d\n", config.host.c_str(), *port);
   std::fflush(stdout);
   spdlog::info("listening on http://{}:{} ({} slot(s) x {} thread(s), queue {})", config.host,
                *port, config.slots, config.threads_per_slot, config.queue);
+  std::unique_ptr<GrpcFrontEnd> grpc;
+  if (config.grpc_port >= 0) {
+    grpc = std::make_unique<GrpcFrontEnd>(config, &registry, manager.get());
+    auto grpc_port = grpc->Start();
+    if (!grpc_port.ok()) return grpc_port.status();
+    std::printf("thermocline: grpc listening on %s:%d\n", config.host.c_str(), *grpc_port);
+    std::fflush(stdout);
+    spdlog::info("grpc listening on {}:{}", config.host, *grpc_port);
+  }
 
   Event stop, listen_done;
   absl::Status failure;
@@ -85,6 +115,7 @@ absl::Status RunDaemon(const ServerConfig& config) {
     }
     metrics.SetModelsReady(static_cast<int64_t>(registry.models().size()));
     http.SetScheduler(&scheduler);
+    if (grpc) grpc->SetScheduler(&scheduler);
     spdlog::info("ready");
   });
 
@@ -106,6 +137,7 @@ absl::Status RunDaemon(const ServerConfig& config) {
       if (listen_done.is_set()) return;
     }
     http.SetDraining();
+    if (grpc) grpc->SetDraining();
     // stop() is a no-op until the listener runs (a model can fail before): repeat it.
     const auto grace_end =
         std::chrono::steady_clock::now() + std::chrono::seconds(config.shutdown_timeout_s);
@@ -119,12 +151,23 @@ absl::Status RunDaemon(const ServerConfig& config) {
     } while (!listen_done.WaitFor(std::chrono::milliseconds(500)));
   });
 
+  // gRPC calls in flight get the same grace period, then are cancelled.
+  std::thread grpc_stopper([&] {
+    if (!grpc) return;
+    while (!stop.WaitFor(std::chrono::milliseconds(200))) {
+    }
+    grpc->Shutdown(std::chrono::steady_clock::now() +
+                   std::chrono::seconds(config.shutdown_timeout_s));
+  });
+
   http.Listen();
   listen_done.Set();
   stop.Set();
   stopper.join();
+  grpc_stopper.join();
   signal_thread.join();
   loader.join();
+  if (manager != nullptr) manager->Stop();  // running jobs stay resumable
   scheduler.Shutdown();
   spdlog::info("stopped");
   std::lock_guard<std::mutex> lock(failure_mu);

@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "offline/sparse_loader.h"
 #include "server/model_registry.h"
+#include "spdlog/spdlog.h"
 
 namespace thermocline::server {
 namespace {
@@ -22,19 +24,48 @@ DecodeLoop::DecodeLoop(const DecodeLoopOptions& options, Metrics* metrics)
     : options_(options), metrics_(metrics), pool_(std::max(1, options.threads)) {}
 
 absl::Status DecodeLoop::AddModel(const ServedModel& model) {
-  if (model.index != static_cast<int>(sessions_.size())) {
-    return absl::InternalError("models must be added in registry order");
+  auto session = Prepare(model);
+  return session.ok() ? absl::OkStatus() : session.status();
+}
+
+absl::StatusOr<Session*> DecodeLoop::Prepare(const ServedModel& model) {
+  if (static_cast<size_t>(model.index) >= models_.size()) models_.resize(model.index + 1);
+  PerModel& m = models_[model.index];
+  if (m.session == nullptr) {
+    SessionOptions so;
+    so.n_ctx = model.n_ctx;
+    so.max_batch = options_.max_batch;
+    auto session = Session::Create(*model.model, &pool_, so);
+    if (!session.ok()) return session.status();
+    m.session = std::move(*session);
+    const size_t n_vocab = static_cast<size_t>(model.model->hparams().n_vocab);
+    raw_logits_.resize(std::max(raw_logits_.size(), n_vocab));
+    history_.reserve(std::max<size_t>(history_.capacity(), model.n_ctx));
   }
-  SessionOptions so;
-  so.n_ctx = model.n_ctx;
-  so.max_batch = options_.max_batch;
-  auto session = Session::Create(*model.model, &pool_, so);
-  if (!session.ok()) return session.status();
-  sessions_.push_back(std::move(*session));
-  const size_t n_vocab = static_cast<size_t>(model.model->hparams().n_vocab);
-  raw_logits_.resize(std::max(raw_logits_.size(), n_vocab));
-  history_.reserve(std::max<size_t>(history_.capacity(), model.n_ctx));
-  return absl::OkStatus();
+  std::shared_ptr<const SparseSource> source = model.sparse_source();
+  if (source != m.source) {
+    m.session->set_ffn_backend(nullptr);
+    m.sparse.reset();
+    m.source = source;
+    if (source != nullptr) {
+      SparseFfnOptions options;
+      options.dense_prefill = true;
+      auto plan = offline::SparsePlanFromSidecar(source->sidecar, *model.model);
+      absl::StatusOr<std::unique_ptr<SparseFfn>> ffn =
+          plan.ok() ? SparseFfn::Create(*model.model, std::move(*plan), &pool_, options)
+                    : absl::StatusOr<std::unique_ptr<SparseFfn>>(plan.status());
+      if (ffn.ok()) {
+        m.sparse = std::move(*ffn);
+        m.sparse->set_session(m.session.get());
+        m.session->set_ffn_backend(m.sparse.get());
+      } else {
+        // Checked by the registry before it was published; serve dense rather than fail.
+        spdlog::error("model '{}': cannot serve sparse from {}: {}; serving dense",
+                      model.config.name, source->path, std::string(ffn.status().message()));
+      }
+    }
+  }
+  return m.session.get();
 }
 
 DecodeLoop::Outcome DecodeLoop::Run(Job& job) {
@@ -58,7 +89,12 @@ FinishReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status
   const GenerationRequest& r = job.request;
   const ServedModel& served = *job.model;
   const Tokenizer& tok = served.tokenizer();
-  Session& session = *sessions_[served.index];
+  auto prepared = Prepare(served);
+  if (!prepared.ok()) {
+    *error = prepared.status();
+    return FinishReason::kError;
+  }
+  Session& session = **prepared;
   const int32_t n_vocab = static_cast<int32_t>(served.model->hparams().n_vocab);
 
   session.Reset();
@@ -103,19 +139,24 @@ FinishReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status
     last = now;
 
     const std::string text = detok.Push(id);
-    if (r.logprobs) {
+    if (r.logprobs || r.token_ids) {
       TokenLogprobs& lp = pending_logprobs_.emplace_back();
-      const absl::Span<const float> raw(raw_logits_.data(), n_vocab);
       lp.id = id;
-      lp.logprob = Sampler::Logprob(raw, id);
       lp.text_offset = produced_;
-      if (r.top_logprobs > 0) Sampler::TopLogprobs(raw, r.top_logprobs, &lp.top);
+      if (r.logprobs) {
+        const absl::Span<const float> raw(raw_logits_.data(), n_vocab);
+        lp.logprob = Sampler::Logprob(raw, id);
+        if (r.top_logprobs > 0) Sampler::TopLogprobs(raw, r.top_logprobs, &lp.top);
+      }
     }
     produced_ += text.size();
     bool stopped = false;
     const std::string_view out = stop_.Push(text, &stopped);
     if (!Emit(job, out, /*final=*/stopped)) job.Cancel(CancelReason::kClientGone);
-    if (stopped) return FinishReason::kStop;
+    if (stopped) {
+      stats->stop_sequence = true;
+      return FinishReason::kStop;
+    }
     if (job.cancelled()) return FinishReason::kCancelled;
     if (now >= job.deadline) {
       job.Cancel(CancelReason::kDeadline);
@@ -141,6 +182,7 @@ FinishReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status
   } else {
     Emit(job, out, /*final=*/true);
     reason = FinishReason::kStop;
+    stats->stop_sequence = true;
   }
   return reason;
 }

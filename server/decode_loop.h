@@ -1,7 +1,9 @@
 // The execute step: one slot's batch-size-1 decode loop. It owns the slot's thread pool and one
-// Session (KV cache) per served model, all allocated once, and runs the jobs the scheduler
-// hands it: prefill, then sample / detokenize / stop-string filter / stream each token, with
-// cancellation and the deadline checked after every token. It never decides what runs.
+// Session (KV cache) per served model, created on the model's first job (or up front by
+// AddModel), and runs the jobs the scheduler hands it: prefill, then sample / detokenize /
+// stop-string filter / stream each token, with cancellation and the deadline checked after
+// every token. Between jobs it picks up a model's new sparse source (its own SparseFfn, which
+// has per-token buffers) or drops it to serve dense. It never decides what runs.
 #pragma once
 
 #include <memory>
@@ -10,12 +12,15 @@
 
 #include "absl/status/status.h"
 #include "engine/model/session.h"
+#include "engine/sparse/sparse_ffn.h"
 #include "engine/util/thread_pool.h"
 #include "server/job.h"
 #include "server/metrics.h"
 #include "server/stop_matcher.h"
 
 namespace thermocline::server {
+
+struct SparseSource;
 
 struct DecodeLoopOptions {
   int threads = 1;
@@ -26,7 +31,7 @@ struct DecodeLoopOptions {
 class DecodeLoop {
  public:
   DecodeLoop(const DecodeLoopOptions& options, Metrics* metrics);
-  // Creates a session per model (index = ServedModel::index). Call before Run.
+  // Creates the model's session (index = ServedModel::index) now rather than on its first job.
   absl::Status AddModel(const ServedModel& model);
 
   struct Outcome {
@@ -40,6 +45,8 @@ class DecodeLoop {
   Outcome Run(Job& job);
 
  private:
+  // The model's session with the backend of its current sparse source; created on first use.
+  absl::StatusOr<Session*> Prepare(const ServedModel& model);
   FinishReason Generate(Job& job, GenerationStats* stats, absl::Status* error);
   // Emits text and the logprobs of the tokens whose text has been fully emitted (all pending
   // ones when `final`). False when the sink says stop.
@@ -48,7 +55,12 @@ class DecodeLoop {
   DecodeLoopOptions options_;
   Metrics* metrics_;
   ThreadPool pool_;
-  std::vector<std::unique_ptr<Session>> sessions_;
+  struct PerModel {
+    std::unique_ptr<Session> session;
+    std::unique_ptr<SparseFfn> sparse;           // null: dense
+    std::shared_ptr<const SparseSource> source;  // what `sparse` was built from
+  };
+  std::vector<PerModel> models_;  // by ServedModel::index
   // Reused across jobs so that a token costs no allocation.
   std::vector<int32_t> history_;
   std::vector<float> raw_logits_;

@@ -62,6 +62,11 @@ ApiError ToApiError(const absl::Status& status) {
       e.http_status = 400;
       if (e.type.empty()) e.type = "invalid_request_error";
       break;
+    case absl::StatusCode::kAlreadyExists:
+      e.http_status = 409;
+      if (e.type.empty()) e.type = "invalid_request_error";
+      if (e.code.empty()) e.code = "already_exists";
+      break;
     case absl::StatusCode::kUnauthenticated:
       e.http_status = 401;
       if (e.type.empty()) e.type = "authentication_error";

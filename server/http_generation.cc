@@ -1,13 +1,15 @@
 // The generation endpoints of the HTTP front end (/v1/chat/completions, /v1/completions) and
-// the tokenizer endpoints. A request is parsed and validated, becomes a Job with a sink, and
-// is queued; a non-streamed response waits for the whole result, a streamed one drains the
-// SSE sink into httplib's chunked writer. A failed write means the client left: the job is
-// cancelled and its slot is free after the current token.
+// the tokenizer endpoints. A request is parsed, becomes a Job through the steps it shares with
+// the gRPC front end (front_end_ops.h), gets a sink and is queued; a non-streamed response
+// waits for the whole result, a streamed one drains the SSE sink into httplib's chunked writer.
+// A failed write means the client left: the job is cancelled and its slot is free after the
+// current token.
 #include <httplib.h>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "server/errors.h"
+#include "server/front_end_ops.h"
 #include "server/http_access.h"
 #include "server/http_server.h"
 #include "server/openai_request.h"
@@ -29,28 +31,20 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
   if (!body.ok()) return SendError(res, body.status());
   auto spec = SpecFromOpenAi(*body, kind);
   if (!spec.ok()) return SendError(res, spec.status());
-  auto model = registry_->Find(spec->model);
-  if (!model.ok()) return SendError(res, model.status());
-  if (draining_.load())
-    return SendError(res, Unavailable("shutting_down", "the server is shutting down"));
-  Scheduler* scheduler = scheduler_.load();
-  if (scheduler == nullptr) {
-    return SendError(res, Unavailable("model_loading", "the server is starting; retry shortly"));
-  }
-  auto request = BuildRequest(*spec, **model, config_);
-  if (!request.ok()) return SendError(res, request.status());
+  SubmitContext submit;
+  submit.registry = registry_;
+  submit.config = &config_;
+  submit.scheduler = scheduler_.load();
+  submit.draining = draining_.load();
+  auto prepared = PrepareJob(*spec, submit);
+  if (!prepared.ok()) return SendError(res, prepared.status());
+  std::shared_ptr<Job> job = std::move(*prepared);
+  Scheduler* scheduler = submit.scheduler;
 
   AccessRecord& access = CurrentAccess();
-  access.prompt_tokens = static_cast<int64_t>(request->prompt.size());
-  auto job = std::make_shared<Job>();
-  job->model = *model;
-  if (config_.request_timeout_s > 0) {
-    job->deadline = job->arrival + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(config_.request_timeout_s));
-  }
-  ResponseMeta meta = NewResponseMeta(*request, (*model)->tokenizer());
-  const bool stream = request->stream;
-  job->request = std::move(*request);
+  access.prompt_tokens = static_cast<int64_t>(job->request.prompt.size());
+  ResponseMeta meta = NewResponseMeta(job->request, job->model->tokenizer());
+  const bool stream = job->request.stream;
 
   if (!stream) {
     auto owned = std::make_unique<CollectingSink>();
@@ -116,13 +110,13 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
 void HttpFrontEnd::HandleTokenize(const httplib::Request& req, httplib::Response& res) {
   auto body = ParseJsonObject(req.body);
   if (!body.ok()) return SendError(res, body.status());
-  std::string model_name = registry_->models().front()->config.name;
+  std::string model_name;  // "": the first model
   if (body->contains("model") && !(*body)["model"].is_null()) {
     auto m = RequestedModel(*body);
     if (!m.ok()) return SendError(res, m.status());
     model_name = *m;
   }
-  auto model = registry_->Find(model_name);
+  auto model = ResolveModel(*registry_, model_name);
   if (!model.ok()) return SendError(res, model.status());
   const json& content = (*body)["content"];
   if (!content.is_string()) {
@@ -141,8 +135,7 @@ void HttpFrontEnd::HandleTokenize(const httplib::Request& req, httplib::Response
     *dst = (*body)[key].get<bool>();
   }
   const Tokenizer& tok = (*model)->tokenizer();
-  const std::vector<int32_t> ids =
-      (*model)->encoder->Encode(content.get<std::string>(), add_special && tok.add_bos());
+  const std::vector<int32_t> ids = TokenizeText(**model, content.get<std::string>(), add_special);
   json tokens = json::array();
   for (int32_t id : ids) {
     if (with_pieces) {
@@ -157,13 +150,13 @@ void HttpFrontEnd::HandleTokenize(const httplib::Request& req, httplib::Response
 void HttpFrontEnd::HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
   auto body = ParseJsonObject(req.body);
   if (!body.ok()) return SendError(res, body.status());
-  std::string model_name = registry_->models().front()->config.name;
+  std::string model_name;  // "": the first model
   if (body->contains("model") && !(*body)["model"].is_null()) {
     auto m = RequestedModel(*body);
     if (!m.ok()) return SendError(res, m.status());
     model_name = *m;
   }
-  auto model = registry_->Find(model_name);
+  auto model = ResolveModel(*registry_, model_name);
   if (!model.ok()) return SendError(res, model.status());
   const json& tokens = (*body)["tokens"];
   if (!tokens.is_array()) {
@@ -172,17 +165,17 @@ void HttpFrontEnd::HandleDetokenize(const httplib::Request& req, httplib::Respon
         InvalidRequest("tokens", tokens.is_null() ? "missing_required_parameter" : "invalid_type",
                        "'tokens' must be an array of token ids"));
   }
-  const Tokenizer& tok = (*model)->tokenizer();
-  std::vector<int32_t> ids;
+  std::vector<int64_t> ids;
   for (const json& t : tokens) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.vocab_size()) {
-      return SendError(res, InvalidRequest("tokens", "invalid_value",
-                                           absl::StrCat("'tokens' must hold ids in [0, ",
-                                                        tok.vocab_size(), ")")));
+    if (!t.is_number_integer()) {
+      return SendError(
+          res, InvalidRequest("tokens", "invalid_type", "'tokens' must hold integer token ids"));
     }
-    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    ids.push_back(t.get<int64_t>());
   }
-  res.set_content(Dump(json{{"content", tok.Decode(ids)}}), "application/json");
+  auto text = DetokenizeIds(**model, ids);
+  if (!text.ok()) return SendError(res, text.status());
+  res.set_content(Dump(json{{"content", *text}}), "application/json");
 }
 
 }  // namespace thermocline::server

@@ -35,24 +35,53 @@ const char* EndpointLabel(const std::string& method, const std::string& path) {
     if (path == k) return k;
   }
   if (method == "GET" && absl::StartsWith(path, "/v1/models/")) return "/v1/models/{id}";
+  if (path == "/admin/models") return "/admin/models";
+  if (absl::StartsWith(path, "/admin/models/")) return "/admin/models/{name}";
   return "other";
 }
 
 json ModelObject(const ServedModel& m) {
-  const bool ready = m.state.load(std::memory_order_acquire) == ModelState::kReady;
+  const bool ready = m.ready();
+  const auto source = m.sparse_source();
   return {{"id", m.config.name},
           {"object", "model"},
           {"created", ready ? m.created : 0},
           {"owned_by", "thermocline"},
           {"status", ModelStateName(m.state.load())},
           {"context_length", ready ? m.n_ctx : 0},
-          {"chat_template", ready ? m.chat_template->name() : ""}};
+          {"chat_template", ready ? m.chat_template->name() : ""},
+          {"mode", m.mode()},
+          {"placement", source != nullptr ? source->placement : json(nullptr)}};
+}
+
+// Per-model lines of /metrics: how each model is served and its placement.
+std::string ModelMetrics(const std::vector<ServedModel*>& models) {
+  std::string out =
+      "# HELP thermocline_model_sparse 1 when the model is served sparse, 0 when dense.\n"
+      "# TYPE thermocline_model_sparse gauge\n";
+  std::string gpu =
+      "# HELP thermocline_model_gpu_neurons FFN neurons the model's placement puts on the GPU.\n"
+      "# TYPE thermocline_model_gpu_neurons gauge\n";
+  std::string cpu =
+      "# HELP thermocline_model_cpu_neurons FFN neurons the model's placement leaves on the CPU.\n"
+      "# TYPE thermocline_model_cpu_neurons gauge\n";
+  for (const ServedModel* m : models) {
+    const auto source = m->sparse_source();
+    const std::string label = absl::StrCat("{model=\"", m->config.name, "\"}");
+    absl::StrAppend(&out, "thermocline_model_sparse", label, " ", source != nullptr ? 1 : 0, "\n");
+    if (source != nullptr) {
+      absl::StrAppend(&gpu, "thermocline_model_gpu_neurons", label, " ",
+                      source->placement.value("gpu_neurons", int64_t{0}), "\n");
+      absl::StrAppend(&cpu, "thermocline_model_cpu_neurons", label, " ",
+                      source->placement.value("cpu_neurons", int64_t{0}), "\n");
+    }
+  }
+  return out + gpu + cpu;
 }
 
 }  // namespace
 
-HttpFrontEnd::HttpFrontEnd(const ServerConfig& config, const ModelRegistry* registry,
-                           Metrics* metrics)
+HttpFrontEnd::HttpFrontEnd(const ServerConfig& config, ModelRegistry* registry, Metrics* metrics)
     : config_(config),
       registry_(registry),
       metrics_(metrics),
@@ -86,13 +115,27 @@ absl::StatusOr<int> HttpFrontEnd::Bind() {
 void HttpFrontEnd::Listen() { http_->listen_after_bind(); }
 void HttpFrontEnd::Stop() { http_->stop(); }
 
-bool HttpFrontEnd::Authorized(const httplib::Request& req) const {
-  if (config_.api_keys.empty()) return true;
+namespace {
+
+std::string RequestKey(const httplib::Request& req) {
   std::string key = req.get_header_value("X-Api-Key");
   const std::string auth = req.get_header_value("Authorization");
   if (key.empty() && auth.size() > 7 && absl::EqualsIgnoreCase(auth.substr(0, 7), "Bearer ")) {
     key = std::string(absl::StripAsciiWhitespace(auth.substr(7)));
   }
+  return key;
+}
+
+}  // namespace
+
+bool HttpFrontEnd::AdminAuthorized(const httplib::Request& req) const {
+  if (config_.admin_key.empty()) return Authorized(req);
+  return SameSecret(RequestKey(req), config_.admin_key);
+}
+
+bool HttpFrontEnd::Authorized(const httplib::Request& req) const {
+  if (config_.api_keys.empty()) return true;
+  const std::string key = RequestKey(req);
   bool ok = false;
   for (const std::string& k : config_.api_keys) ok |= SameSecret(key, k);
   return ok;
@@ -139,9 +182,11 @@ void HttpFrontEnd::Routes() {
   http_->Post("/detokenize",
               guarded([this](const Request& req, Response& res) { HandleDetokenize(req, res); }));
   http_->Get("/metrics", guarded([this](const Request&, Response& res) {
-               res.set_content(metrics_->Render(), "text/plain; version=0.0.4; charset=utf-8");
+               res.set_content(metrics_->Render() + ModelMetrics(registry_->models()),
+                               "text/plain; version=0.0.4; charset=utf-8");
              }));
   http_->Get("/health", [this](const Request&, Response& res) { HandleHealth(res); });
+  AdminRoutes();
   // Statuses cpp-httplib sets by itself (404 no route, 413 body too large, 400 bad request
   // line) get the same JSON error body as ours.
   http_->set_error_handler([this](const Request& req, Response& res) {
@@ -216,7 +261,7 @@ void HttpFrontEnd::HandleHealth(httplib::Response& res) {
 void HttpFrontEnd::HandleModels(const httplib::Request& req, httplib::Response& res) {
   if (req.matches.size() > 1) {
     const std::string id = req.matches[1];
-    for (const auto& m : registry_->models()) {
+    for (const ServedModel* m : registry_->models()) {
       if (m->config.name == id) {
         res.set_content(Dump(ModelObject(*m)), "application/json");
         return;
@@ -226,7 +271,7 @@ void HttpFrontEnd::HandleModels(const httplib::Request& req, httplib::Response& 
     return;
   }
   json data = json::array();
-  for (const auto& m : registry_->models()) data.push_back(ModelObject(*m));
+  for (const ServedModel* m : registry_->models()) data.push_back(ModelObject(*m));
   res.set_content(Dump(json{{"object", "list"}, {"data", data}}), "application/json");
 }
 

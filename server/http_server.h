@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "server/model_admin.h"
 #include "server/model_registry.h"
 #include "server/scheduler.h"
 
@@ -25,7 +26,7 @@ namespace thermocline::server {
 
 class HttpFrontEnd {
  public:
-  HttpFrontEnd(const ServerConfig& config, const ModelRegistry* registry, Metrics* metrics);
+  HttpFrontEnd(const ServerConfig& config, ModelRegistry* registry, Metrics* metrics);
   ~HttpFrontEnd();
 
   // Binds host:port (port 0: any free port) and returns the port.
@@ -37,12 +38,17 @@ class HttpFrontEnd {
 
   // Generation endpoints answer 503 "loading" until a started scheduler is set.
   void SetScheduler(Scheduler* scheduler) { scheduler_.store(scheduler); }
+  // /admin/models answers 503 until the model admin is set (server/http_admin.cc).
+  void SetAdmin(ModelAdmin* admin) { admin_.store(admin); }
   // Generation endpoints answer 503 "shutting_down" from now on; /health turns 503.
   void SetDraining() { draining_.store(true); }
 
  private:
   void Routes();
+  void AdminRoutes();
   bool Authorized(const httplib::Request& req) const;
+  // The admin key when one is configured, else Authorized.
+  bool AdminAuthorized(const httplib::Request& req) const;
   void HandleGeneration(const httplib::Request& req, httplib::Response& res, ApiKind kind);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
@@ -52,10 +58,11 @@ class HttpFrontEnd {
   void AccessLog(const httplib::Request& req, const httplib::Response& res);
 
   const ServerConfig& config_;
-  const ModelRegistry* registry_;
+  ModelRegistry* registry_;
   Metrics* metrics_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<Scheduler*> scheduler_{nullptr};
+  std::atomic<ModelAdmin*> admin_{nullptr};
   std::atomic<bool> draining_{false};
 };
 

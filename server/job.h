@@ -25,15 +25,16 @@ enum class FinishReason { kStop, kLength, kCancelled, kError };
 struct GenerationStats {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
-  double queue_seconds = 0;  // waiting for a slot
-  double ttft_seconds = -1;  // arrival to first token; -1 when none
-  double total_seconds = 0;  // arrival to finish
+  double queue_seconds = 0;    // waiting for a slot
+  double ttft_seconds = -1;    // arrival to first token; -1 when none
+  double total_seconds = 0;    // arrival to finish
+  bool stop_sequence = false;  // a kStop came from a stop string, not an end-of-generation token
 };
 
 // One generated token's log-probability and its most likely alternatives.
 struct TokenLogprobs {
   int32_t id = 0;
-  float logprob = 0;
+  float logprob = 0;       // 0 and `top` empty when only token ids were asked for
   size_t text_offset = 0;  // where its text starts in the completion text
   std::vector<Sampler::TokenLogprob> top;
 };

@@ -111,14 +111,7 @@ absl::Status Messages(const json& body, GenerationSpec* spec) {
     if (!role->is_string()) return WrongType(p + ".role", "a string");
     ChatMessage msg;
     msg.role = role->get<std::string>();
-    if (msg.role == "developer") msg.role = "system";
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
-        msg.role != "tool") {
-      return InvalidRequest(
-          p + ".role", "invalid_value",
-          absl::StrCat("role '", msg.role,
-                       "' is not one of system, developer, user, assistant, tool"));
-    }
+    if (absl::Status s = NormalizeChatRole(p + ".role", &msg.role); !s.ok()) return s;
     const json* content = Field(m, "content");
     if (content == nullptr) {
       if (msg.role != "assistant") {

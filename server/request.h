@@ -26,6 +26,7 @@ struct GenerationRequest {
   bool ignore_eos = false;
   bool logprobs = false;
   int32_t top_logprobs = 0;  // alternatives per token, [0, 20]
+  bool token_ids = false;    // the sink gets a TokenLogprobs (id) per token even without logprobs
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };

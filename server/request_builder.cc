@@ -68,6 +68,9 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
   const Tokenizer& tok = model.tokenizer();
   std::vector<int32_t> prompt;
   if (spec.kind == ApiKind::kChat) {
+    if (spec.messages.empty()) {
+      return InvalidRequest("messages", "invalid_value", "'messages' must not be empty");
+    }
     prompt = model.encoder->Encode(model.chat_template->Render(spec.messages), tok.add_bos());
   } else if (spec.prompt_ids) {
     for (int64_t id : *spec.prompt_ids) {
@@ -90,6 +93,16 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
 }
 
 }  // namespace
+
+absl::Status NormalizeChatRole(std::string_view param, std::string* role) {
+  if (*role == "developer") *role = "system";
+  if (*role == "system" || *role == "user" || *role == "assistant" || *role == "tool") {
+    return absl::OkStatus();
+  }
+  return InvalidRequest(
+      param, "invalid_value",
+      absl::StrCat("role '", *role, "' is not one of system, developer, user, assistant, tool"));
+}
 
 absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const ServedModel& model,
                                                const ServerConfig& config) {

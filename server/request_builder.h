@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,10 @@ struct GenerationSpec {
   bool stream = false;
   bool include_usage = false;
 };
+
+// A chat message's role as the chat templates know it: "developer" becomes "system"; a role
+// other than system, user, assistant or tool is an InvalidRequest naming `param`.
+absl::Status NormalizeChatRole(std::string_view param, std::string* role);
 
 absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const ServedModel& model,
                                                const ServerConfig& config);

@@ -20,7 +20,8 @@ absl::Status Scheduler::Start(const ModelRegistry& registry) {
   options.decode_delay_ms = config_.decode_delay_ms;
   for (int s = 0; s < config_.slots; ++s) {
     auto loop = std::make_unique<DecodeLoop>(options, metrics_);
-    for (const auto& m : registry.models()) {
+    for (const ServedModel* m : registry.models()) {
+      if (!m->ready()) continue;  // a registered model gets its session on its first job
       if (absl::Status st = loop->AddModel(*m); !st.ok()) {
         return absl::Status(
             st.code(), absl::StrCat("slot ", s, ", model '", m->config.name, "': ", st.message()));

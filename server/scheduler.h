@@ -24,7 +24,8 @@ class Scheduler {
   Scheduler(const ServerConfig& config, Metrics* metrics);
   ~Scheduler();  // Shutdown()
 
-  // Creates the slots' sessions for the (ready) models and starts the slot threads.
+  // Creates the slots' sessions for the ready models and starts the slot threads. Models that
+  // become ready later (registered ones) get a slot's session on their first job there.
   absl::Status Start(const ModelRegistry& registry);
 
   // Queues a job. Unavailable("queue_full") when the queue is full, ("shutting_down") after

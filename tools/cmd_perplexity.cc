@@ -14,7 +14,7 @@ namespace thermocline::cli {
 int RunPerplexity(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--model", "--file", "--ctx", "--threads", "--activation", "--sparse",
-                           "--sidecar", "--target-sparsity"},
+                           "--sidecar", "--target-sparsity", "--gpu-memory"},
                           {"--json", "--help", "--oracle"},
                           {{"-m", "--model"},
                            {"-f", "--file"},

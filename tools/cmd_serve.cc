@@ -16,6 +16,8 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
   --config FILE            TOML configuration (configs/thermocline.toml documents every key)
   --host HOST              address to bind (default 127.0.0.1)
   --port N                 port (default 8080; 0 = any free port, printed on stdout)
+  --grpc-port N|off        gRPC port on the same host (default 50051; 0 = any free port,
+                           printed on stdout; off or -1 = no gRPC front end)
   -m, --model PATH[=NAME]  a GGUF model to serve as NAME (default: the file name); repeatable
   --api-key KEY            require this key (Authorization: Bearer KEY or X-Api-Key: KEY)
   --slots N                concurrent generations (default 1)
@@ -23,6 +25,12 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
   -t, --threads N          CPU threads per slot (default: hardware threads / slots)
   -c, --ctx N              context length of every model (default: the model's)
   --log-level LEVEL        trace | debug | info | warn | error | off (default info)
+  --sparse off|on|auto     sparse FFN serving of every model (default auto: when a sidecar is
+                           given or MODEL.thermo.gguf lies beside the model)
+  --sidecar FILE           the sidecar of the (single) --model (thermocline profile makes one)
+  --state-dir DIR          registry, job artefacts and sidecars of registered models (default
+                           $XDG_STATE_HOME/thermocline or ~/.local/state/thermocline)
+  --admin-key KEY          require this key for /admin/* (default: the API key, if any)
 Flags override the config file. SIGINT / SIGTERM stop the daemon gracefully.
 )";
 
@@ -48,6 +56,31 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
   if (auto host = args.Get("--host")) c->host = *host;
   if (auto key = args.Get("--api-key")) c->api_keys = {*key};
   if (auto level = args.Get("--log-level")) c->log_level = *level;
+  if (auto grpc = args.Get("--grpc-port")) {
+    if (*grpc == "off") {
+      c->grpc_port = -1;
+    } else {
+      auto v = args.GetInt("--grpc-port", 0);
+      if (!v.ok()) return v.status();
+      if (*v < -1 || *v > 65535) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--grpc-port ", *v, " is out of range: use 0-65535, or off"));
+      }
+      c->grpc_port = static_cast<int>(*v);
+    }
+  }
+  if (auto dir = args.Get("--state-dir")) c->state_dir = *dir;
+  if (auto key = args.Get("--admin-key")) c->admin_key = *key;
+  if (auto mode = args.Get("--sparse")) {
+    for (server::ModelConfig& m : c->models) m.sparse = *mode;
+  }
+  if (auto sidecar = args.Get("--sidecar")) {
+    if (c->models.size() != 1) {
+      return absl::InvalidArgumentError(
+          "--sidecar needs exactly one model; set `sidecar` per [[models]] table instead");
+    }
+    c->models[0].sidecar = *sidecar;
+  }
   struct IntFlag {
     const char* flag;
     int* dst;
@@ -76,10 +109,11 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
 
 int RunServe(int argc, char** argv) {
   const std::vector<std::string> model_flags = ExtractModels(&argc, argv);
-  auto args = Args::Parse(argc, argv,
-                          {"--config", "--host", "--port", "--api-key", "--slots", "--queue",
-                           "--threads", "--ctx", "--log-level"},
-                          {"--help"}, {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
+  auto args = Args::Parse(
+      argc, argv,
+      {"--config", "--host", "--port", "--api-key", "--slots", "--queue", "--threads", "--ctx",
+       "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key", "--grpc-port"},
+      {"--help"}, {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("serve", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);

@@ -44,7 +44,9 @@ constexpr char kSparseUsage[] =
     "                           MODEL.thermo.gguf; default auto)\n"
     "  --sidecar FILE           the model's sidecar (predictors, thresholds, placement)\n"
     "  --oracle                 exact active sets (dense gate/up) instead of the predictors\n"
-    "  --target-sparsity F      SwiGLU: drop this fraction of activations by magnitude\n";
+    "  --target-sparsity F      SwiGLU: drop this fraction of activations by magnitude\n"
+    "  --gpu-memory BYTES       the placement's GPU neurons on the GPU under this cap (512M,\n"
+    "                           8G; CUDA builds; without a device they stay on the CPU)\n";
 // The sparse FFN backend of --sparse/--sidecar/--oracle/--target-sparsity on `pool`, or nullptr
 // when sparse is off. dense_prefill: prompts of more than one token use the dense FFN.
 absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,

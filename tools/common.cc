@@ -42,6 +42,21 @@ absl::StatusOr<int> ThreadsFromArgs(const Args& args) {
   return static_cast<int>(*n);
 }
 
+namespace {
+
+// --gpu-memory BYTES: the device part of the placement on the GPU under that cap.
+absl::Status GpuOptionsFromArgs(const Args& args, SparseFfnOptions* options) {
+  if (!args.Get("--gpu-memory")) return absl::OkStatus();
+  auto bytes = args.GetBytes("--gpu-memory", 0);
+  if (!bytes.ok()) return bytes.status();
+  if (*bytes <= 0) return absl::InvalidArgumentError("--gpu-memory must be positive");
+  options->gpu = true;
+  options->gpu_memory = static_cast<uint64_t>(*bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
                                                              const LlamaModel& model,
                                                              ThreadPool* pool, bool dense_prefill) {
@@ -65,6 +80,7 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
     SparseFfnOptions options;
     options.oracle = true;
     options.dense_prefill = dense_prefill;
+    if (absl::Status st = GpuOptionsFromArgs(args, &options); !st.ok()) return st;
     return SparseFfn::Create(model, std::vector<SparseLayerPlan>(model.hparams().n_layer), pool,
                              options);
   }
@@ -75,6 +91,7 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
     SparseFfnOptions options;
     options.oracle = args.Has("--oracle");
     options.dense_prefill = dense_prefill;
+    if (absl::Status st = GpuOptionsFromArgs(args, &options); !st.ok()) return st;
     return SparseFfn::Create(model, *std::move(plan), pool, options);
   }
   if (sidecar.empty()) {
@@ -86,6 +103,7 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
   SparseFfnOptions options;
   options.oracle = args.Has("--oracle");
   options.dense_prefill = dense_prefill;
+  if (absl::Status st = GpuOptionsFromArgs(args, &options); !st.ok()) return st;
   offline::SparseLoadOptions load;
   load.target_sparsity = *target;
   return offline::LoadSparseFfn(sidecar, model, pool, options, load);

@@ -24,6 +24,8 @@ constexpr Command kCommands[] = {
     {"profile", thermocline::cli::RunProfile,
      "profile neuron activity, train predictors (sidecar)"},
     {"solve", thermocline::cli::RunSolve, "place hot neurons on the GPU (ILP) into the sidecar"},
+    {"models", thermocline::cli::RunModels, "register, list, show, rm models of a running daemon"},
+    {"run", thermocline::cli::RunChat, "chat with a model of a running daemon (streaming)"},
 };
 
 void Usage() {

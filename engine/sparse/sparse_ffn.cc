@@ -12,6 +12,9 @@
 namespace thermocline {
 
 namespace {
+// Activations that are zero wherever the gate is <= 0 (ReGLU, dReLU).
+bool GateDecides(FfnActivation a) { return a == FfnActivation::kRelu || a == FfnActivation::kDRelu; }
+
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -89,7 +92,48 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& m
     if (!t.ok()) return t.status();
     f->down_t_.push_back(*std::move(t));
   }
+  for (const SparseLayerPlan& p : f->plan_) {
+    OwnedWeight t;
+    if (p.rank > 0) {
+      absl::StatusOr<OwnedWeight> tr = TransposeWeight(*pool, p.fc2.view);  // (rank, n_ff)
+      if (!tr.ok()) return tr.status();
+      t = *std::move(tr);
+    }
+    f->fc2_t_.push_back(std::move(t));
+  }
+  if (options.gpu) {
+    if (absl::Status s = f->StartGpu(); !s.ok()) return s;
+  }
   return f;
+}
+
+absl::Status SparseFfn::StartGpu() {
+  const LlamaHparams& h = model_.hparams();
+  gpu::GpuFfnSpec spec;
+  spec.n_embd = h.n_embd;
+  spec.n_ff = h.n_ff;
+  spec.activation = h.activation;
+  spec.memory_cap = options_.gpu_memory;
+  for (size_t l = 0; l < plan_.size(); ++l) {
+    const LayerWeights& L = model_.layers()[l];
+    gpu::GpuFfnLayerSpec layer;
+    layer.gate = L.ffn_gate;
+    layer.up = L.ffn_up;
+    layer.down_t = down_t_[l].view;
+    layer.device_neurons = plan_[l].device_neurons;
+    layer.magnitude_threshold = plan_[l].magnitude_threshold;
+    spec.layers.push_back(layer);  // the host picks the active set: no predictor on the GPU
+  }
+  absl::StatusOr<std::unique_ptr<gpu::GpuFfnExecutor>> e = gpu::CreateGpuFfnExecutor(spec);
+  if (e.ok()) {
+    gpu_ = *std::move(e);
+    gpu_status_ = absl::OkStatus();
+  } else if (absl::IsUnavailable(e.status())) {
+    gpu_status_ = e.status();  // no device: the device part runs on the CPU executor
+  } else {
+    return e.status();
+  }
+  return absl::OkStatus();
 }
 
 SparseFfn::SparseFfn(const LlamaModel& model, std::vector<SparseLayerPlan> plan, ThreadPool* pool,
@@ -109,12 +153,15 @@ SparseFfn::SparseFfn(const LlamaModel& model, std::vector<SparseLayerPlan> plan,
   x_gate_.resize(max_conv);
   x_up_.resize(max_conv);
   hidden_.resize(std::max<int64_t>(max_rank, 1));
+  rank_ids_.resize(std::max<int64_t>(max_rank, 1));
+  for (size_t k = 0; k < rank_ids_.size(); ++k) rank_ids_[k] = static_cast<int32_t>(k);
+  predictor_scratch_.Reserve(pool_->size(), h.n_ff, std::max<int64_t>(max_rank, 1));
   logits_.resize(h.n_ff);
   dense_gate_.resize(h.n_ff);
   dense_up_.resize(h.n_ff);
   matmul_scratch_.Reserve(1, std::max(h.n_embd, std::max<int64_t>(max_rank, 1)));
   host_ = std::make_unique<Executor>(pool_, h.n_embd, h.n_ff);
-  if (options_.split) {
+  if (options_.split || options_.gpu) {
     device_pool_ = std::make_unique<ThreadPool>(std::max(1, options_.device_threads));
     dispatch_pool_ = std::make_unique<ThreadPool>(2);
     device_ = std::make_unique<Executor>(device_pool_.get(), h.n_embd, h.n_ff);
@@ -160,7 +207,10 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
   } else if (p.rank > 0) {
     MatMul(*pool_, p.fc1.view, xn, 1, hidden_.data(), matmul_scratch_);
     for (int64_t j = 0; j < p.rank; ++j) hidden_[j] = std::max(0.0f, hidden_[j] + p.b1[j]);
-    MatMul(*pool_, p.fc2.view, hidden_.data(), 1, logits_.data(), matmul_scratch_);
+    // fc2 as an axpy over its transposed rows: rank rows of n_ff stream well where n_ff rows
+    // of rank elements would not, and the hidden units relu zeroed are skipped.
+    SparseAxpy(*pool_, isa_, fc2_t_[layer].view, rank_ids_.data(), hidden_.data(), p.rank,
+               logits_.data(), predictor_scratch_);
     const float thr = p.threshold;
     for (int64_t i = 0; i < h.n_ff; ++i) {
       if (logits_[i] + p.b2[i] > thr) add(static_cast<int32_t>(i), 0.0f, false);
@@ -177,7 +227,19 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
       PrepareActivations(L.ffn_up.type, isa_, xn, h.n_embd, x_up_.data());
     }
   }
-  if (device != nullptr && n_dev > 0) {
+  if (gpu_ != nullptr && n_dev > 0) {
+    // The GPU computes the device part while this thread's pool computes the host part.
+    absl::Status st = gpu_->Launch(layer, xn, device->idx.data(), n_dev);
+    RunPart(layer, host, n_host, have_act);
+    int64_t predicted = 0, fired = 0;
+    if (st.ok()) st = gpu_->Wait(device->out.data(), &predicted, &fired);
+    if (st.ok()) {
+      device->fired = fired;
+    } else {
+      RunPart(layer, *device, n_dev, have_act);  // a failed launch falls back to the CPU
+    }
+    for (int64_t i = 0; i < h.n_embd; ++i) out[i] = host.out[i] + device->out[i];
+  } else if (device != nullptr && n_dev > 0) {
     dispatch_pool_->Run([&](int thread) {
       if (thread == 0) {
         RunPart(layer, host, n_host, have_act);
@@ -205,8 +267,23 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
   ThreadPool& pool = *e.pool;
   if (!have_act) {
     const void* x_up = L.ffn_up.type == L.ffn_gate.type ? x_gate_.data() : x_up_.data();
-    SparseGateUp(pool, isa_, L.ffn_gate, x_gate_.data(), L.ffn_up, x_up, e.idx.data(), n,
-                 e.gate.data(), e.up.data());
+    if (GateDecides(model_.hparams().activation)) {
+      // ReLU family: a neuron whose gate is <= 0 is zero whatever its up, so up (and down)
+      // rows are read only for the neurons whose gate fired.
+      SparseMatVec(pool, isa_, L.ffn_gate, x_gate_.data(), e.idx.data(), n, e.gate.data());
+      int64_t m = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        if (e.gate[j] > 0.0f) {
+          e.idx[m] = e.idx[j];
+          e.gate[m++] = e.gate[j];
+        }
+      }
+      n = m;
+      SparseMatVec(pool, isa_, L.ffn_up, x_up, e.idx.data(), n, e.up.data());
+    } else {
+      SparseGateUp(pool, isa_, L.ffn_gate, x_gate_.data(), L.ffn_up, x_up, e.idx.data(), n,
+                   e.gate.data(), e.up.data());
+    }
     GatedActivation(model_.hparams().activation, e.gate.data(), e.up.data(), n);
     // Predicted but below the magnitude threshold: dropped (SparseAxpy skips the zeros).
     const float thr = p.magnitude_threshold;
@@ -252,9 +329,12 @@ double SparseFfn::SparseBytesPerToken() const {
     for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) {
       bytes += static_cast<double>(w->row_bytes) * w->rows;
     }
+    // Up rows are read for the predicted neurons, or (ReLU family) those whose gate fired.
+    const double up_rows =
+        GateDecides(model_.hparams().activation) ? fired_per_layer : predicted_per_layer;
     const double gu = options_.oracle
                           ? (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * L.ffn_gate.rows
-                          : (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * predicted_per_layer;
+                          : L.ffn_gate.row_bytes * predicted_per_layer + L.ffn_up.row_bytes * up_rows;
     bytes += gu + down_t_[l].view.row_bytes * fired_per_layer;
   }
   return bytes + PredictorBytesPerToken();

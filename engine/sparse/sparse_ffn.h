@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/model/ffn_backend.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
@@ -43,6 +44,10 @@ struct SparseFfnOptions {
   bool split = false;          // run device_neurons on a second executor, concurrently
   int device_threads = 1;      // threads of that executor
   bool dense_prefill = false;  // n_tokens > 1 through Session::DenseFfn (needs set_session)
+  // The device part on the GPU (engine/gpu/gpu_ffn_executor.h) under a cap of gpu_memory
+  // bytes. Without a CUDA device the device part stays on the CPU (gpu_status() says why).
+  bool gpu = false;
+  uint64_t gpu_memory = ~uint64_t{0};
 };
 
 struct SparseFfnStats {
@@ -70,6 +75,8 @@ class SparseFfn : public FfnBackend {
   const SparseFfnStats& stats() const { return stats_; }
   void ResetStats() { stats_ = {}; }
   const SparseFfnOptions& options() const { return options_; }
+  // OK when the device part runs on the GPU; else why not (options.gpu unset, no device).
+  const absl::Status& gpu_status() const { return gpu_status_; }
   const std::vector<SparseLayerPlan>& plan() const { return plan_; }
   // Weight bytes one decode token reads, whole model (attention, FFN, output head): dense, and
   // sparse at the mean active counts of stats() (predictors included).
@@ -84,10 +91,13 @@ class SparseFfn : public FfnBackend {
   void ForwardToken(int layer, const float* xn, float* out);
   // One executor's share: idx (n) active neurons; act given (oracle) or computed from gate/up.
   void RunPart(int layer, Executor& e, int64_t n, bool have_act);
+  // Uploads the device part to the GPU (options.gpu); no device leaves it on the CPU.
+  absl::Status StartGpu();
 
   const LlamaModel& model_;
   std::vector<SparseLayerPlan> plan_;
   std::vector<OwnedWeight> down_t_;              // per layer (n_ff, n_embd)
+  std::vector<OwnedWeight> fc2_t_;               // per layer (rank, n_ff): the predictor's fc2ᵀ
   std::vector<std::vector<uint8_t>> on_device_;  // per layer (n_ff) 1: device part
   ThreadPool* pool_;
   SparseFfnOptions options_;
@@ -95,12 +105,16 @@ class SparseFfn : public FfnBackend {
   std::unique_ptr<ThreadPool> device_pool_;
   std::unique_ptr<ThreadPool> dispatch_pool_;  // 2 threads: host part, device part
   std::unique_ptr<Executor> host_, device_;
+  std::unique_ptr<gpu::GpuFfnExecutor> gpu_;
+  absl::Status gpu_status_ = absl::FailedPreconditionError("GPU not requested");
 
   // Shared per-token buffers, sized at construction.
   const Isa isa_ = BestIsa();
   std::vector<uint8_t> x_gate_, x_up_;        // xn prepared for gate's / up's row dots
   std::vector<float> hidden_;                 // (max rank)
   std::vector<float> logits_;                 // (n_ff)
+  std::vector<int32_t> rank_ids_;             // 0 .. max rank - 1
+  SparseScratch predictor_scratch_;
   std::vector<float> dense_gate_, dense_up_;  // (n_ff), oracle
   MatMulScratch matmul_scratch_;
   SparseFfnStats stats_;

@@ -35,9 +35,14 @@ class DaemonProcess {
     const std::string base = (TempDir() / ("daemon" + std::to_string(counter++))).string();
     config_path_ = base + ".toml";
     log_path_ = base + ".log";
+    // Each daemon gets its own registry unless the test names a state directory.
+    const std::string registry =
+        toml.find("[registry]") == std::string::npos
+            ? "[registry]\nstate_dir = \"" + base + ".state\"\n\n"
+            : "";
     std::ofstream(config_path_) << "[[models]]\npath = \"" << StoriesModel() << "\"\nname = \""
                                 << kModelName << "\"\n\n"
-                                << toml << "\n";
+                                << registry << toml << "\n";
     int out[2];
     REQUIRE(::pipe(out) == 0);
     pid_ = ::fork();
@@ -50,8 +55,9 @@ class DaemonProcess {
       ::close(out[0]);
       const std::string bin = ThermoclineBinary();
       // One thread per slot: the tiny test model is fastest so, and CI runs tests in parallel.
+      // gRPC on a free port too: a fixed one would collide between tests running in parallel.
       ::execl(bin.c_str(), bin.c_str(), "serve", "--config", config_path_.c_str(), "--port", "0",
-              "--threads", "1", static_cast<char*>(nullptr));
+              "--grpc-port", "0", "--threads", "1", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(out[1]);
@@ -69,6 +75,7 @@ class DaemonProcess {
   }
 
   int port() const { return port_; }
+  int grpc_port() const { return grpc_port_; }
   const std::string& log_path() const { return log_path_; }
   std::string Log() const {
     std::ifstream in(log_path_);
@@ -110,7 +117,13 @@ class DaemonProcess {
   int ReadPort() {
     std::string text;
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (text.find('\n') == std::string::npos && std::chrono::steady_clock::now() < end) {
+    // Both lines: "listening on http://HOST:PORT", then "grpc listening on HOST:PORT".
+    const std::string grpc_marker = "grpc listening on 127.0.0.1:";
+    auto complete = [&] {
+      const size_t g = text.find(grpc_marker);
+      return g != std::string::npos && text.find('\n', g) != std::string::npos;
+    };
+    while (!complete() && std::chrono::steady_clock::now() < end) {
       pollfd p{stdout_fd_, POLLIN, 0};
       if (::poll(&p, 1, 100) <= 0) continue;
       char buf[256];
@@ -122,12 +135,15 @@ class DaemonProcess {
     const size_t pos = text.find(marker);
     INFO("stdout: " << text << "\nlog:\n" << Log());
     REQUIRE(pos != std::string::npos);
+    REQUIRE(complete());
+    grpc_port_ = std::stoi(text.substr(text.find(grpc_marker) + grpc_marker.size()));
     return std::stoi(text.substr(pos + marker.size()));
   }
 
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   int port_ = 0;
+  int grpc_port_ = 0;
   std::string config_path_, log_path_;
 };
 

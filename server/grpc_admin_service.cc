@@ -1,0 +1,189 @@
+#include "server/grpc_admin_service.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+namespace thermocline::server {
+namespace {
+
+namespace pb = thermocline::v1;
+namespace health = grpc::health::v1;
+
+pb::ModelInfo::State StateOf(const std::string& state) {
+  if (state == "registered") return pb::ModelInfo::REGISTERED;
+  if (state == "profiling") return pb::ModelInfo::PROFILING;
+  if (state == "ready") return pb::ModelInfo::READY;
+  if (state == "failed") return pb::ModelInfo::FAILED;
+  if (state == "unloading") return pb::ModelInfo::UNLOADING;
+  return pb::ModelInfo::STATE_UNSPECIFIED;
+}
+
+void ToStruct(const nlohmann::json& j, google::protobuf::Struct* out) {
+  if (!j.is_object()) return;
+  // Struct's JSON mapping is the object itself; the dump is valid JSON, so this cannot fail short
+  // of a number protobuf cannot hold (then the field stays partial).
+  (void)google::protobuf::util::JsonStringToMessage(
+      j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), out);
+}
+
+bool Terminal(const ModelInfo& info) { return info.state == "ready" || info.state == "failed"; }
+
+}  // namespace
+
+void ToProto(const ModelInfo& info, pb::ModelInfo* out) {
+  out->set_name(info.name);
+  out->set_path(info.path);
+  out->set_activation(info.activation);
+  out->set_state(StateOf(info.state));
+  out->set_stage(info.stage);
+  out->set_percent(info.percent);
+  out->set_eta_s(info.eta_s);
+  out->set_last_error(info.last_error);
+  out->set_sidecar_path(info.sidecar_path);
+  out->set_mode(info.mode);
+  out->set_loaded(info.loaded);
+  out->set_created_at(info.created_at);
+  out->set_updated_at(info.updated_at);
+  ToStruct(info.placement, out->mutable_placement());
+  ToStruct(info.report, out->mutable_report());
+  if (!info.placement.is_object()) out->clear_placement();
+  if (!info.report.is_object()) out->clear_report();
+  out->set_version(info.version);
+}
+
+grpc::Status AdminService::Admit(const grpc::ServerContext& context) const {
+  const ServerConfig& config = *shared_->config;
+  const std::vector<std::string> admin_keys = {config.admin_key};
+  grpc::Status s = CheckApiKey(context, config.admin_key.empty() ? config.api_keys : admin_keys);
+  if (!s.ok()) return s;
+  if (shared_->admin == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "this daemon has no model registry (see [registry] state_dir)");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::RegisterModel(grpc::ServerContext* context,
+                                         const pb::RegisterModelRequest* request,
+                                         pb::ModelInfo* response) {
+  if (grpc::Status s = Admit(*context); !s.ok()) return s;
+  RegisterSpec spec;
+  spec.path = request->path();
+  spec.name = request->name();
+  spec.activation = request->activation();
+  spec.corpus = request->corpus();
+  spec.profile_tokens = request->profile_tokens();
+  auto info = shared_->admin->Register(spec);
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  ToProto(*info, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::GetModel(grpc::ServerContext* context,
+                                    const pb::GetModelRequest* request, pb::ModelInfo* response) {
+  if (grpc::Status s = Admit(*context); !s.ok()) return s;
+  auto info = shared_->admin->Get(request->name());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  ToProto(*info, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ListModels(grpc::ServerContext* context,
+                                      const pb::ListRegisteredModelsRequest* request,
+                                      pb::ListRegisteredModelsResponse* response) {
+  if (grpc::Status s = Admit(*context); !s.ok()) return s;
+  for (const ModelInfo& info : shared_->admin->List()) ToProto(info, response->add_models());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::DeleteModel(grpc::ServerContext* context,
+                                       const pb::DeleteModelRequest* request,
+                                       pb::DeleteModelResponse* response) {
+  if (grpc::Status s = Admit(*context); !s.ok()) return s;
+  if (absl::Status s = shared_->admin->Delete(request->name()); !s.ok()) return ToGrpcStatus(s);
+  response->set_name(request->name());
+  response->set_deleted(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::CancelJob(grpc::ServerContext* context,
+                                     const pb::CancelJobRequest* request, pb::ModelInfo* response) {
+  if (grpc::Status s = Admit(*context); !s.ok()) return s;
+  if (absl::Status s = shared_->admin->Cancel(request->name()); !s.ok()) return ToGrpcStatus(s);
+  auto info = shared_->admin->Get(request->name());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  ToProto(*info, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::WatchModel(grpc::ServerContext* context,
+                                      const pb::WatchModelRequest* request,
+                                      grpc::ServerWriter<pb::ModelInfo>* writer) {
+  if (grpc::Status s = Admit(*context); !s.ok()) return s;
+  auto info = shared_->admin->Get(request->name());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  pb::ModelInfo message;
+  // Short waits: a cancelled call or a stopping server is noticed within one.
+  constexpr auto kPoll = std::chrono::milliseconds(200);
+  while (true) {
+    message.Clear();
+    ToProto(*info, &message);
+    if (!writer->Write(message)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    }
+    if (Terminal(*info) && !request->follow()) return grpc::Status::OK;
+    const int64_t seen = info->version;
+    while (true) {
+      if (context->IsCancelled()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the watch");
+      }
+      if (shared_->draining.load()) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+      }
+      info = shared_->admin->WaitForChange(request->name(), seen, kPoll);
+      if (!info.ok()) return ToGrpcStatus(info.status());
+      if (info->version > seen) break;
+    }
+  }
+}
+
+grpc::Status HealthService::Check(grpc::ServerContext* context,
+                                  const health::HealthCheckRequest* request,
+                                  health::HealthCheckResponse* response) {
+  const std::string& service = request->service();
+  if (!service.empty() && service != "thermocline.v1.Inference" &&
+      service != "thermocline.v1.Admin" && service != "grpc.health.v1.Health") {
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        "unknown service '" + service + "': ask for \"\" (the server) or thermocline.v1.Inference");
+  }
+  response->set_status(shared_->serving() ? health::HealthCheckResponse::SERVING
+                                          : health::HealthCheckResponse::NOT_SERVING);
+  return grpc::Status::OK;
+}
+
+grpc::Status HealthService::Watch(grpc::ServerContext* context,
+                                  const health::HealthCheckRequest* request,
+                                  grpc::ServerWriter<health::HealthCheckResponse>* writer) {
+  health::HealthCheckResponse response;
+  bool first = true;
+  health::HealthCheckResponse::ServingStatus last = health::HealthCheckResponse::UNKNOWN;
+  while (!context->IsCancelled()) {
+    health::HealthCheckResponse::ServingStatus now = health::HealthCheckResponse::SERVICE_UNKNOWN;
+    if (Check(context, request, &response).ok()) now = response.status();
+    if (first || now != last) {
+      response.set_status(now);
+      if (!writer->Write(response)) break;
+      first = false;
+      last = now;
+    }
+    if (shared_->draining.load()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace thermocline::server

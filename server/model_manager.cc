@@ -1,0 +1,492 @@
+#include "server/model_manager.h"
+
+#include <ctime>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "server/errors.h"
+#include "server/model_job.h"
+#include "spdlog/spdlog.h"
+
+namespace thermocline::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+// Names become directory names and URL path segments: keep them plain.
+bool ValidName(std::string_view name) {
+  if (name.empty() || name.size() > 64 || name == "." || name == "..") return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-' || c == ':';
+    if (!ok) return false;
+  }
+  return name.front() != '.';
+}
+
+nlohmann::json ParseOrNull(const std::string& text) {
+  if (text.empty()) return nullptr;
+  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
+
+}  // namespace
+
+// Relays a job's progress into its entry; cancels when asked or when the daemon stops.
+class ModelManager::Observer : public ModelJobObserver {
+ public:
+  Observer(ModelManager* m, std::string name, uint64_t id)
+      : m_(m), name_(std::move(name)), id_(id) {}
+
+  bool OnProgress(const std::string& stage, double percent) override {
+    std::lock_guard<std::mutex> lock(m_->mu_);
+    Entry* e = m_->FindLocked(name_);
+    if (e == nullptr || e->id != id_) return false;  // deleted
+    const bool new_stage = e->record.stage != stage;
+    if (new_stage) {
+      e->record.stage = stage;
+      if (absl::Status s = m_->PersistLocked(*e); !s.ok()) {
+        spdlog::error("model '{}': {}", name_, std::string(s.message()));
+      }
+    }
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - e->job_start).count();
+    // Coalesced: a watcher hears every stage and every half percent, not every callback.
+    if (new_stage || percent >= e->percent + 0.5 || percent >= 100) {
+      e->percent = percent;
+      e->eta_s = percent >= 2 ? elapsed * (100 - percent) / percent : -1;
+      m_->BumpLocked(*e);
+    }
+    return !m_->stopping_ && !e->cancel->load();
+  }
+
+  void OnStageDone(const std::string& stage) override {
+    spdlog::info("job '{}': stage {} done", name_, stage);
+  }
+
+ private:
+  ModelManager* m_;
+  std::string name_;
+  uint64_t id_;
+};
+
+ModelManager::ModelManager(const ServerConfig& config, ModelRegistry* registry,
+                           std::unique_ptr<RegistryStore> store)
+    : config_(config), registry_(registry), store_(std::move(store)) {}
+
+ModelManager::~ModelManager() { Stop(); }
+
+std::string ModelManager::JobDir(const std::string& name) const {
+  return (fs::path(store_->dir()) / "models" / name).string();
+}
+
+void ModelManager::RemoveArtefacts(const std::string& name) {
+  std::error_code ec;
+  fs::remove_all(JobDir(name), ec);
+  if (ec) spdlog::warn("cannot remove {}: {}", JobDir(name), ec.message());
+}
+
+ModelManager::Entry* ModelManager::FindLocked(std::string_view name) {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+void ModelManager::BumpLocked(Entry& e) {
+  e.version = ++version_;
+  changed_.notify_all();
+}
+
+absl::Status ModelManager::PersistLocked(Entry& e) {
+  e.record.updated_at = Now();
+  return store_->Update(e.record);
+}
+
+void ModelManager::QueueLocked(Entry& e) {
+  e.queued = true;
+  e.percent = 0;
+  e.eta_s = -1;
+  queue_.emplace_back(e.record.name, e.id);
+  changed_.notify_all();
+}
+
+ModelInfo ModelManager::InfoLocked(const Entry& e) const {
+  ModelInfo info;
+  const ModelRecord& r = e.record;
+  info.name = r.name;
+  info.path = r.path;
+  info.activation = r.activation;
+  info.state = r.state;
+  info.stage = r.stage;
+  info.percent = r.state == "ready" ? 100 : e.percent;
+  info.eta_s = e.running ? e.eta_s : -1;
+  info.last_error = r.last_error;
+  info.sidecar_path = r.sidecar_path;
+  info.created_at = r.created_at;
+  info.updated_at = r.updated_at;
+  info.placement = ParseOrNull(r.placement_json);
+  info.report = ParseOrNull(r.report_json);
+  info.version = e.version;
+  info.mode = "dense";
+  if (const ServedModel* m = registry_->Lookup(r.name)) {
+    info.mode = m->mode();
+    info.loaded = m->ready();
+  }
+  return info;
+}
+
+absl::Status ModelManager::Start() {
+  auto records = store_->LoadAll();
+  if (!records.ok()) return records.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (ModelRecord& r : *records) {
+    if (r.state == "unloading") {  // a delete that did not finish
+      if (absl::Status s = store_->Delete(r.name); !s.ok()) return s;
+      RemoveArtefacts(r.name);
+      continue;
+    }
+    ModelConfig mc;
+    mc.path = r.path;
+    mc.name = r.name;
+    mc.activation = r.activation;
+    mc.sparse = "off";
+    if (auto added = registry_->Add(mc); !added.ok()) {
+      spdlog::error("registered model '{}' is not served: {}", r.name,
+                    std::string(added.status().message()));
+      continue;
+    }
+    Entry& e = entries_[r.name];
+    e.id = next_id_++;
+    e.record = r;
+    std::error_code ec;
+    if (r.state == "ready") {
+      if (!r.sidecar_path.empty() && fs::exists(r.sidecar_path, ec)) {
+        if (absl::Status s = registry_->UseSidecar(r.name, r.sidecar_path); !s.ok()) {
+          spdlog::warn("model '{}': {}", r.name, std::string(s.message()));
+        }
+      } else {
+        spdlog::warn("model '{}': its sidecar {} is gone; profiling it again", r.name,
+                     r.sidecar_path);
+        e.record.state = "registered";
+        e.record.stage = "";
+        e.record.sidecar_path = "";
+        if (absl::Status s = PersistLocked(e); !s.ok()) return s;
+        QueueLocked(e);
+      }
+    } else if (r.state == "registered" || r.state == "profiling") {
+      spdlog::info("model '{}': its job was interrupted (state {}, stage '{}'); resuming", r.name,
+                   r.state, r.stage);
+      QueueLocked(e);
+    }
+    BumpLocked(e);
+  }
+  spdlog::info("registry: {} registered model(s) in {}", entries_.size(), store_->dir());
+  if (config_.model_memory_budget > 0) {
+    spdlog::warn("registry.model_memory_budget is not enforced yet: models stay loaded once used");
+  }
+  for (int i = 0; i < config_.jobs; ++i) workers_.emplace_back([this] { WorkerMain(); });
+  return absl::OkStatus();
+}
+
+void ModelManager::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    changed_.notify_all();
+  }
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+}
+
+absl::StatusOr<ModelInfo> ModelManager::Register(const RegisterSpec& spec) {
+  if (!ValidName(spec.name)) {
+    return InvalidRequest("name",
+                          spec.name.empty() ? "missing_required_parameter" : "invalid_value",
+                          "'name' must be 1-64 characters of letters, digits, '.', '_', '-', ':' "
+                          "(not starting with '.')");
+  }
+  if (spec.path.empty()) {
+    return InvalidRequest("path", "missing_required_parameter",
+                          "'path' must name the GGUF model file");
+  }
+  if (!spec.activation.empty()) {
+    if (auto act = ParseActivation(spec.activation); !act.ok()) {
+      return InvalidRequest("activation", "invalid_value",
+                            "'activation' must be one of relu, drelu, silu");
+    }
+  }
+  if (spec.profile_tokens < 0 || spec.profile_tokens > (int64_t{1} << 30)) {
+    return InvalidRequest("profile_tokens", "invalid_value",
+                          "'profile_tokens' must be in [0, 2^30] (0: the daemon's default)");
+  }
+  std::error_code ec;
+  std::string corpus;
+  if (!spec.corpus.empty()) {
+    corpus = fs::absolute(spec.corpus, ec).lexically_normal().string();
+    if (!fs::is_regular_file(corpus, ec)) {
+      return InvalidRequest("corpus", "invalid_value",
+                            absl::StrCat("the corpus ", spec.corpus,
+                                         " is not a readable file; give a text file or omit it "
+                                         "(the model then profiles text it samples itself)"));
+    }
+  }
+  ModelRecord r;
+  r.name = spec.name;
+  r.path = fs::absolute(spec.path, ec).lexically_normal().string();
+  if (auto id = IdentifyFile(r.path); id.ok()) r.identity = *id;  // else the job fails on it
+  r.activation = spec.activation;
+  r.corpus = corpus;
+  r.profile_tokens = spec.profile_tokens > 0 ? spec.profile_tokens : config_.profile_tokens;
+  r.created_at = r.updated_at = Now();
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FindLocked(spec.name) != nullptr || registry_->Lookup(spec.name) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("a model named '", spec.name,
+                                                 "' already exists; delete it first or pick "
+                                                 "another name"));
+  }
+  RemoveArtefacts(r.name);  // of an earlier model of this name
+  if (absl::Status s = store_->Insert(r); !s.ok()) return s;
+  ModelConfig mc;
+  mc.path = r.path;
+  mc.name = r.name;
+  mc.activation = r.activation;
+  mc.sparse = "off";
+  if (auto added = registry_->Add(mc); !added.ok()) {
+    store_->Delete(r.name).IgnoreError();
+    return added.status();
+  }
+  Entry& e = entries_[r.name];
+  e.id = next_id_++;
+  e.record = r;
+  QueueLocked(e);
+  BumpLocked(e);
+  spdlog::info("model '{}' registered ({}); job queued", r.name, r.path);
+  return InfoLocked(e);
+}
+
+absl::StatusOr<ModelInfo> ModelManager::Get(std::string_view name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Entry* e = FindLocked(name);
+  if (e == nullptr) {
+    return NotFound("model_not_found", absl::StrCat("no registered model named '", ToAbsl(name),
+                                                    "'; GET /admin/models lists them"));
+  }
+  return InfoLocked(*e);
+}
+
+std::vector<ModelInfo> ModelManager::List() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ModelInfo> out;
+  for (const auto& [name, e] : entries_) out.push_back(InfoLocked(e));
+  std::sort(out.begin(), out.end(), [](const ModelInfo& a, const ModelInfo& b) {
+    return a.created_at != b.created_at ? a.created_at < b.created_at : a.name < b.name;
+  });
+  return out;
+}
+
+absl::Status ModelManager::Delete(std::string_view name) {
+  bool running = false;
+  std::string key(name);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry* e = FindLocked(name);
+    if (e == nullptr) {
+      return NotFound("model_not_found",
+                      absl::StrCat("no registered model named '", ToAbsl(name), "'"));
+    }
+    e->record.state = "unloading";  // durable first: a crash now finishes the delete at start
+    if (absl::Status s = PersistLocked(*e); !s.ok()) return s;
+    running = e->running;
+    if (e->cancel) e->cancel->store(true);
+    std::erase_if(queue_, [&](const auto& q) { return q.first == key; });
+    registry_->Remove(name).IgnoreError();
+    if (absl::Status s = store_->Delete(key); !s.ok()) return s;
+    entries_.erase(entries_.find(name));
+    changed_.notify_all();
+  }
+  // A running job notices the cancel at its next progress report and removes its artefacts.
+  if (!running) RemoveArtefacts(key);
+  spdlog::info("model '{}' deleted", key);
+  return absl::OkStatus();
+}
+
+absl::Status ModelManager::Cancel(std::string_view name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry* e = FindLocked(name);
+  if (e == nullptr) {
+    return NotFound("model_not_found",
+                    absl::StrCat("no registered model named '", ToAbsl(name), "'"));
+  }
+  if (e->running) {
+    e->cancel->store(true);
+    return absl::OkStatus();
+  }
+  if (e->queued) {
+    const std::string key(name);
+    std::erase_if(queue_, [&](const auto& q) { return q.first == key; });
+    e->queued = false;
+    e->record.state = "failed";
+    e->record.last_error =
+        "cancelled before it started; the model is served dense (register it again to profile)";
+    if (absl::Status s = PersistLocked(*e); !s.ok()) return s;
+    BumpLocked(*e);
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model '", ToAbsl(name), "' has no running or queued job (state ", e->record.state, ")"));
+}
+
+absl::StatusOr<ModelInfo> ModelManager::WaitForChange(std::string_view name, int64_t after_version,
+                                                      std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    const Entry* e = FindLocked(name);
+    if (e == nullptr) {
+      return NotFound("model_not_found",
+                      absl::StrCat("no registered model named '", ToAbsl(name), "'"));
+    }
+    if (e->version > after_version || stopping_) return InfoLocked(*e);
+    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      e = FindLocked(name);
+      if (e == nullptr) {
+        return NotFound("model_not_found",
+                        absl::StrCat("no registered model named '", ToAbsl(name), "'"));
+      }
+      return InfoLocked(*e);
+    }
+  }
+}
+
+void ModelManager::WorkerMain() {
+  while (true) {
+    std::pair<std::string, uint64_t> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      job = queue_.front();
+      queue_.pop_front();
+    }
+    RunJob(job.first, job.second);
+  }
+}
+
+void ModelManager::RunJob(const std::string& name, uint64_t id) {
+  ModelJobSpec spec;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry* e = FindLocked(name);
+    if (e == nullptr || e->id != id) return;
+    e->queued = false;
+    e->running = true;
+    e->cancel = std::make_shared<std::atomic<bool>>(false);
+    e->job_start = std::chrono::steady_clock::now();
+    e->percent = 0;
+    e->eta_s = -1;
+    e->record.state = "profiling";
+    e->record.last_error = "";
+    if (absl::Status s = PersistLocked(*e); !s.ok()) {
+      spdlog::error("model '{}': {}", name, std::string(s.message()));
+    }
+    BumpLocked(*e);
+    spec.name = name;
+    spec.path = e->record.path;
+    spec.activation = e->record.activation;
+    spec.corpus = e->record.corpus;
+    spec.profile_tokens = e->record.profile_tokens;
+  }
+  spec.dir = JobDir(name);
+  spec.solve_time_limit_s = config_.solve_time_limit_s;
+  spec.threads = config_.threads_per_slot;
+  spec.stage_delay_ms = config_.job_stage_delay_ms;
+
+  // The file must still be the one registered.
+  absl::StatusOr<ModelJobResult> result = absl::UnknownError("");
+  auto identity = IdentifyFile(spec.path);
+  FileIdentity registered;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Entry* e = FindLocked(name); e != nullptr && e->id == id) registered = e->record.identity;
+  }
+  if (!identity.ok()) {
+    result = identity.status();
+  } else if (!registered.hash.empty() && !(*identity == registered)) {
+    result = absl::FailedPreconditionError(
+        absl::StrCat("the model file ", spec.path,
+                     " changed since it was registered; delete the model and register it again"));
+  } else {
+    absl::Status hw_status;
+    {
+      std::lock_guard<std::mutex> hw_lock(hardware_mu_);
+      if (!have_hardware_) {
+        auto hw = HardwareProfileFor(store_->dir(), config_.hardware, spec.threads);
+        if (hw.ok()) {
+          hardware_ = *hw;
+          have_hardware_ = true;
+        } else {
+          hw_status = hw.status();
+        }
+      }
+      spec.hardware = hardware_;
+    }
+    if (!hw_status.ok()) {
+      result = hw_status;
+    } else {
+      Observer observer(this, name, id);
+      result = RunModelJob(spec, observer);
+    }
+  }
+
+  std::unique_lock<std::mutex> lock(mu_);
+  Entry* e = FindLocked(name);
+  if (e == nullptr || e->id != id) {  // deleted meanwhile (and not registered again)
+    if (e == nullptr) RemoveArtefacts(name);
+    return;
+  }
+  e->running = false;
+  if (identity.ok() && e->record.identity.hash.empty()) e->record.identity = *identity;
+  if (result.ok()) {
+    e->record.sidecar_path = result->sidecar_path;
+    e->record.placement_json = result->placement.dump();
+    e->record.report_json = result->report.dump();
+    e->record.stage = "done";
+    e->record.state = "ready";
+    e->percent = 100;
+    e->eta_s = 0;
+  } else if (absl::IsCancelled(result.status()) && stopping_) {
+    // The daemon is stopping: leave the job resumable at the next start.
+    spdlog::info("job '{}' interrupted by shutdown; it resumes at the next start", name);
+    return;
+  } else {
+    e->record.state = "failed";
+    e->record.last_error =
+        absl::IsCancelled(result.status())
+            ? "cancelled; the model is served dense (register it again to profile it)"
+            : std::string(result.status().message());
+  }
+  if (absl::Status s = PersistLocked(*e); !s.ok()) {
+    spdlog::error("model '{}': {}", name, std::string(s.message()));
+  }
+  if (result.ok()) {
+    // Switch the served model to sparse; slots pick it up between requests.
+    lock.unlock();
+    absl::Status s = registry_->UseSidecar(name, result->sidecar_path);
+    lock.lock();
+    e = FindLocked(name);
+    if (e == nullptr || e->id != id) return;
+    if (!s.ok()) {
+      e->record.state = "failed";
+      e->record.last_error = absl::StrCat("the sidecar does not load: ", s.message());
+      PersistLocked(*e).IgnoreError();
+    }
+    spdlog::info("model '{}' ready{}: placement {}", name,
+                 result->resumed ? " (resumed after the profile)" : "", result->placement.dump());
+  } else {
+    spdlog::warn("model '{}': job failed: {}", name, e->record.last_error);
+  }
+  BumpLocked(*e);
+}
+
+}  // namespace thermocline::server

@@ -1,0 +1,105 @@
+// The SQLite registry store (server/registry_store.h) and file identities, without a daemon.
+#include "server/registry_store.h"
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+
+namespace thermocline::server {
+namespace {
+
+using thermocline::testing::TempDir;
+
+ModelRecord Record(const std::string& name, int64_t created) {
+  ModelRecord r;
+  r.name = name;
+  r.path = "/models/" + name + ".gguf";
+  r.identity = {123, 456, "00ff"};
+  r.activation = "relu";
+  r.corpus = "/corpus.txt";
+  r.profile_tokens = 777;
+  r.created_at = r.updated_at = created;
+  return r;
+}
+
+TEST_CASE("registry store: rows round-trip and persist across reopening", "[registry][store]") {
+  const std::string dir = (TempDir() / "store-roundtrip").string();
+  std::filesystem::remove_all(dir);
+  {
+    auto store = RegistryStore::Open(dir);
+    REQUIRE(store.ok());
+    REQUIRE((*store)->Insert(Record("b", 20)).ok());
+    REQUIRE((*store)->Insert(Record("a", 10)).ok());
+    CHECK((*store)->Insert(Record("a", 30)).code() == absl::StatusCode::kAlreadyExists);
+    ModelRecord a = Record("a", 10);
+    a.state = "ready";
+    a.stage = "done";
+    a.sidecar_path = "/state/a.thermo.gguf";
+    a.placement_json = R"({"gpu_neurons":1})";
+    a.report_json = R"({"layers":6})";
+    a.last_error = "it's \"quoted\"";
+    a.updated_at = 99;
+    REQUIRE((*store)->Update(a).ok());
+    CHECK((*store)->Update(Record("zzz", 1)).code() == absl::StatusCode::kNotFound);
+  }
+  auto store = RegistryStore::Open(dir);
+  REQUIRE(store.ok());
+  auto rows = (*store)->LoadAll();
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 2);
+  const ModelRecord& a = (*rows)[0];  // oldest first
+  CHECK(a.name == "a");
+  CHECK(a.path == "/models/a.gguf");
+  CHECK(a.identity == FileIdentity{123, 456, "00ff"});
+  CHECK(a.activation == "relu");
+  CHECK(a.corpus == "/corpus.txt");
+  CHECK(a.profile_tokens == 777);
+  CHECK(a.state == "ready");
+  CHECK(a.stage == "done");
+  CHECK(a.sidecar_path == "/state/a.thermo.gguf");
+  CHECK(a.placement_json == R"({"gpu_neurons":1})");
+  CHECK(a.report_json == R"({"layers":6})");
+  CHECK(a.last_error == "it's \"quoted\"");
+  CHECK(a.created_at == 10);
+  CHECK(a.updated_at == 99);
+  CHECK((*rows)[1].name == "b");
+  CHECK((*rows)[1].state == "registered");
+
+  REQUIRE((*store)->Delete("a").ok());
+  CHECK((*store)->Delete("a").code() == absl::StatusCode::kNotFound);
+  rows = (*store)->LoadAll();
+  REQUIRE(rows.ok());
+  CHECK(rows->size() == 1);
+  CHECK(std::filesystem::exists(std::filesystem::path(dir) / "registry.db"));
+}
+
+TEST_CASE("registry store: an unusable state directory is a clear error", "[registry][store]") {
+  const std::string file = (TempDir() / "store-not-a-dir").string();
+  std::ofstream(file) << "x";
+  auto store = RegistryStore::Open(file + "/sub");
+  REQUIRE(!store.ok());
+  CHECK(std::string(store.status().message()).find("state directory") != std::string::npos);
+}
+
+TEST_CASE("file identity: size, mtime and first-MiB hash", "[registry][store]") {
+  const std::string path = (TempDir() / "identity.bin").string();
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "hello model";
+  auto a = IdentifyFile(path);
+  REQUIRE(a.ok());
+  CHECK(a->size == 11);
+  CHECK(a->hash.size() == 16);
+  auto again = IdentifyFile(path);
+  REQUIRE(again.ok());
+  CHECK(*a == *again);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "hello modem";  // same size
+  auto b = IdentifyFile(path);
+  REQUIRE(b.ok());
+  CHECK(b->hash != a->hash);
+  CHECK(IdentifyFile(path + ".missing").status().code() == absl::StatusCode::kNotFound);
+  CHECK(IdentifyFile(TempDir().string()).status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace thermocline::server
