@@ -55,6 +55,17 @@ absl::Status GpuOptionsFromArgs(const Args& args, SparseFfnOptions* options) {
   return absl::OkStatus();
 }
 
+// --gpu-memory without a usable device: say so on stderr (the run goes on, all on the CPU).
+absl::StatusOr<std::unique_ptr<SparseFfn>> SaidWhereGpuRuns(
+    absl::StatusOr<std::unique_ptr<SparseFfn>> ffn) {
+  if (ffn.ok() && *ffn != nullptr && (*ffn)->options().gpu && !(*ffn)->gpu_status().ok()) {
+    std::fprintf(stderr,
+                 "thermocline: --gpu-memory: %s\n",
+                 std::string((*ffn)->gpu_status().message()).c_str());
+  }
+  return ffn;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
@@ -81,8 +92,8 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
     options.oracle = true;
     options.dense_prefill = dense_prefill;
     if (absl::Status st = GpuOptionsFromArgs(args, &options); !st.ok()) return st;
-    return SparseFfn::Create(model, std::vector<SparseLayerPlan>(model.hparams().n_layer), pool,
-                             options);
+    return SaidWhereGpuRuns(SparseFfn::Create(
+        model, std::vector<SparseLayerPlan>(model.hparams().n_layer), pool, options));
   }
   if (sidecar.empty() && model.carries_predictors()) {
     // A PowerInfer file runs sparse as it is, on its own predictors.
@@ -92,7 +103,7 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
     options.oracle = args.Has("--oracle");
     options.dense_prefill = dense_prefill;
     if (absl::Status st = GpuOptionsFromArgs(args, &options); !st.ok()) return st;
-    return SparseFfn::Create(model, *std::move(plan), pool, options);
+    return SaidWhereGpuRuns(SparseFfn::Create(model, *std::move(plan), pool, options));
   }
   if (sidecar.empty()) {
     if (mode == "auto") return std::unique_ptr<SparseFfn>();
@@ -106,7 +117,7 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
   if (absl::Status st = GpuOptionsFromArgs(args, &options); !st.ok()) return st;
   offline::SparseLoadOptions load;
   load.target_sparsity = *target;
-  return offline::LoadSparseFfn(sidecar, model, pool, options, load);
+  return SaidWhereGpuRuns(offline::LoadSparseFfn(sidecar, model, pool, options, load));
 }
 
 }  // namespace thermocline::cli

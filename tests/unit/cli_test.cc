@@ -149,3 +149,31 @@ TEST_CASE("bench --hardware measures the CPU and writes a profile solve reads", 
 
 }  // namespace
 }  // namespace thermocline
+
+namespace thermocline {
+namespace {
+
+TEST_CASE("generate with a GPU memory cap gives the CPU tokens, with or without a CUDA device",
+          "[cli][sparse]") {
+  const std::string model = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(model)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const std::string args = "generate -m " + model +
+                           " -p 'Once upon a time' -n 24 --temp 0 --ignore-eos --threads 2"
+                           " --sparse on --oracle --json";
+  const Result cpu = Run(args);
+  REQUIRE(cpu.exit_code == 0);
+  // stderr is merged: without a device one line says so before the JSON.
+  Result gpu = Run(args + " --gpu-memory 256M");
+  INFO(gpu.out);
+  REQUIRE(gpu.exit_code == 0);
+  const size_t json_start = gpu.out.find('{');
+  REQUIRE(json_start != std::string::npos);
+  const std::string notice = gpu.out.substr(0, json_start);
+  CHECK((notice.empty() || notice.find("--gpu-memory: no CUDA device") != std::string::npos));
+  gpu.out = gpu.out.substr(json_start);
+  CHECK(JsonOf(gpu)["tokens"] == JsonOf(cpu)["tokens"]);
+  CHECK_FALSE(Run(args + " --gpu-memory 0").exit_code == 0);
+}
+
+}  // namespace
+}  // namespace thermocline
