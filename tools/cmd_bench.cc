@@ -131,8 +131,7 @@ int RunBench(int argc, char** argv) {
   auto args = Args::Parse(
       argc, argv,
       {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions", "--activation",
-       "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile", "--output",
-       "--gpu-memory"},
+       "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile", "--output", "--gpu-memory"},
       {"--json", "--help", "--oracle", "--hardware"},
       {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);

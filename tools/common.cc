@@ -59,8 +59,7 @@ absl::Status GpuOptionsFromArgs(const Args& args, SparseFfnOptions* options) {
 absl::StatusOr<std::unique_ptr<SparseFfn>> SaidWhereGpuRuns(
     absl::StatusOr<std::unique_ptr<SparseFfn>> ffn) {
   if (ffn.ok() && *ffn != nullptr && (*ffn)->options().gpu && !(*ffn)->gpu_status().ok()) {
-    std::fprintf(stderr,
-                 "thermocline: --gpu-memory: %s\n",
+    std::fprintf(stderr, "thermocline: --gpu-memory: %s\n",
                  std::string((*ffn)->gpu_status().message()).c_str());
   }
   return ffn;

@@ -116,7 +116,8 @@ absl::StatusOr<LlamaHparams> LlamaHparams::FromGguf(
     h.activation = *activation_override;
   } else {
     // PowerInfer runs ReLU llamas only, and its files do not say so.
-    auto act = file.GetString(p + "feed_forward_activation", file.is_powerinfer() ? "relu" : "silu");
+    auto act =
+        file.GetString(p + "feed_forward_activation", file.is_powerinfer() ? "relu" : "silu");
     if (!act.ok()) return act.status();
     auto parsed = ParseActivation(*act);
     if (!parsed.ok()) {

@@ -160,7 +160,8 @@ absl::Status LlamaModel::Bind() {
     }
     if (!has_down) {
       // PowerInfer keeps only down_t; the dense path needs down itself.
-      if (!transpose_pool) transpose_pool = std::make_unique<ThreadPool>(ThreadPool::DefaultThreads());
+      if (!transpose_pool)
+        transpose_pool = std::make_unique<ThreadPool>(ThreadPool::DefaultThreads());
       auto down = TransposeWeight(*transpose_pool, L.ffn_down_t);
       if (!down.ok()) return down.status();
       owned_.push_back(std::move(down->data));

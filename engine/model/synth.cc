@@ -154,10 +154,10 @@ absl::StatusOr<std::vector<double>> PowerLawFiring(int64_t n, double sparsity,
   std::vector<double> p(n);
   const double mean = firing(hi, &p);
   if (std::fabs(mean - target) > 0.002) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sparsity ", sparsity, " with hot fraction ", hot_fraction,
-        " is not reachable: hot neurons alone fire for ", 0.99 * hot_fraction,
-        " of the neurons per token; lower --hot-fraction"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparsity ", sparsity, " with hot fraction ", hot_fraction,
+                     " is not reachable: hot neurons alone fire for ", 0.99 * hot_fraction,
+                     " of the neurons per token; lower --hot-fraction"));
   }
   return p;
 }

@@ -13,7 +13,9 @@ namespace thermocline {
 
 namespace {
 // Activations that are zero wherever the gate is <= 0 (ReGLU, dReLU).
-bool GateDecides(FfnActivation a) { return a == FfnActivation::kRelu || a == FfnActivation::kDRelu; }
+bool GateDecides(FfnActivation a) {
+  return a == FfnActivation::kRelu || a == FfnActivation::kDRelu;
+}
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -332,9 +334,9 @@ double SparseFfn::SparseBytesPerToken() const {
     // Up rows are read for the predicted neurons, or (ReLU family) those whose gate fired.
     const double up_rows =
         GateDecides(model_.hparams().activation) ? fired_per_layer : predicted_per_layer;
-    const double gu = options_.oracle
-                          ? (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * L.ffn_gate.rows
-                          : L.ffn_gate.row_bytes * predicted_per_layer + L.ffn_up.row_bytes * up_rows;
+    const double gu =
+        options_.oracle ? (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * L.ffn_gate.rows
+                        : L.ffn_gate.row_bytes * predicted_per_layer + L.ffn_up.row_bytes * up_rows;
     bytes += gu + down_t_[l].view.row_bytes * fired_per_layer;
   }
   return bytes + PredictorBytesPerToken();

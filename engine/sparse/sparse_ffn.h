@@ -110,10 +110,10 @@ class SparseFfn : public FfnBackend {
 
   // Shared per-token buffers, sized at construction.
   const Isa isa_ = BestIsa();
-  std::vector<uint8_t> x_gate_, x_up_;        // xn prepared for gate's / up's row dots
-  std::vector<float> hidden_;                 // (max rank)
-  std::vector<float> logits_;                 // (n_ff)
-  std::vector<int32_t> rank_ids_;             // 0 .. max rank - 1
+  std::vector<uint8_t> x_gate_, x_up_;  // xn prepared for gate's / up's row dots
+  std::vector<float> hidden_;           // (max rank)
+  std::vector<float> logits_;           // (n_ff)
+  std::vector<int32_t> rank_ids_;       // 0 .. max rank - 1
   SparseScratch predictor_scratch_;
   std::vector<float> dense_gate_, dense_up_;  // (n_ff), oracle
   MatMulScratch matmul_scratch_;

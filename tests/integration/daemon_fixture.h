@@ -36,10 +36,9 @@ class DaemonProcess {
     config_path_ = base + ".toml";
     log_path_ = base + ".log";
     // Each daemon gets its own registry unless the test names a state directory.
-    const std::string registry =
-        toml.find("[registry]") == std::string::npos
-            ? "[registry]\nstate_dir = \"" + base + ".state\"\n\n"
-            : "";
+    const std::string registry = toml.find("[registry]") == std::string::npos
+                                     ? "[registry]\nstate_dir = \"" + base + ".state\"\n\n"
+                                     : "";
     std::ofstream(config_path_) << "[[models]]\npath = \"" << StoriesModel() << "\"\nname = \""
                                 << kModelName << "\"\n\n"
                                 << registry << toml << "\n";

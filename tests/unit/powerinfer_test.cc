@@ -63,13 +63,13 @@ std::string WritePowerInferFile(const std::string& source) {
       std::memcpy(b.data(), v.data(), b.size());
       return b;
     };
-    REQUIRE(w.AddTensorCopy(blk + ".ffn_down_t.weight", GgmlType::kF32, {n_embd, n_ff},
-                            bytes(down_t))
-                .ok());
-    REQUIRE(w.AddTensorCopy(blk + ".fc1.weight", GgmlType::kF32, {n_embd, 2 * n_ff}, bytes(fc1))
-                .ok());
-    REQUIRE(w.AddTensorCopy(blk + ".fc2.weight", GgmlType::kF32, {2 * n_ff, n_ff}, bytes(fc2))
-                .ok());
+    REQUIRE(
+        w.AddTensorCopy(blk + ".ffn_down_t.weight", GgmlType::kF32, {n_embd, n_ff}, bytes(down_t))
+            .ok());
+    REQUIRE(
+        w.AddTensorCopy(blk + ".fc1.weight", GgmlType::kF32, {n_embd, 2 * n_ff}, bytes(fc1)).ok());
+    REQUIRE(
+        w.AddTensorCopy(blk + ".fc2.weight", GgmlType::kF32, {2 * n_ff, n_ff}, bytes(fc2)).ok());
   }
   const std::string path = (TempDir() / "relu-tiny.powerinfer.gguf").string();
   REQUIRE(w.Write(path).ok());

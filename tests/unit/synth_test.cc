@@ -1,11 +1,12 @@
 // thermocline synth with --sparsity / --hot-fraction: the power-law firing table, and a model
 // whose ReLU neurons really fire that often, measured over tokens with the dense FFN.
+#include "engine/model/synth.h"
+
 #include <algorithm>
 #include <numeric>
 
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
-#include "engine/model/synth.h"
 #include "test_util.h"
 
 namespace thermocline {
@@ -67,7 +68,8 @@ TEST_CASE("synth --sparsity makes ReLU neurons fire at the asked rate", "[synth]
   FiringCounter counter;
   (*session)->set_ffn_observer(&counter);
   std::vector<int32_t> tokens(256);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 3) % 2000);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<int32_t>((i * 7919 + 3) % 2000);
   REQUIRE((*session)->Eval(tokens).ok());
   REQUIRE(counter.tokens == 256);
   for (size_t l = 0; l < counter.counts.size(); ++l) {
