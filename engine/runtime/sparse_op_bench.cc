@@ -44,13 +44,7 @@ double Micros(std::chrono::steady_clock::time_point a, std::chrono::steady_clock
 // A weight matrix (rows, cols) of `type` with uniform random values in [-1, 1).
 OwnedWeight RandomWeight(ThreadPool& pool, GgmlType type, int64_t rows, int64_t cols,
                          uint64_t seed) {
-  OwnedWeight w;
-  w.view.type = type;
-  w.view.rows = rows;
-  w.view.cols = cols;
-  w.view.row_bytes = RowBytes(type, cols);
-  w.data.resize(w.view.row_bytes * rows);
-  w.view.data = w.data.data();
+  OwnedWeight w = OwnedWeight::Allocate(type, rows, cols);
   const TypeKernels* k = KernelsFor(type);
   std::vector<float> tmp(static_cast<size_t>(pool.size()) * cols);
   pool.ParallelFor(rows, 16, [&](int part, int64_t begin, int64_t end) {

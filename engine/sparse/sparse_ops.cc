@@ -251,13 +251,7 @@ absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& 
   pool.ParallelFor(rows, 16, [&](int, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) src->to_float(down.row(r), full.data() + r * cols, cols);
   });
-  OwnedWeight w;
-  w.view.type = type;
-  w.view.rows = cols;
-  w.view.cols = rows;
-  w.view.row_bytes = RowBytes(type, rows);
-  w.data.resize(w.view.row_bytes * cols);
-  w.view.data = w.data.data();
+  OwnedWeight w = OwnedWeight::Allocate(type, cols, rows);
   std::vector<float> tmp(static_cast<size_t>(pool.size()) * rows);
   pool.ParallelFor(cols, 16, [&](int thread, int64_t begin, int64_t end) {
     float* t = tmp.data() + thread * rows;
@@ -294,7 +288,7 @@ absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const Weigh
   return g;
 }
 
-OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t cols) {
+OwnedWeight OwnedWeight::Allocate(GgmlType type, int64_t rows, int64_t cols) {
   OwnedWeight w;
   w.view.type = type;
   w.view.rows = rows;
@@ -302,6 +296,11 @@ OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t
   w.view.row_bytes = RowBytes(type, cols);
   w.data.resize(w.view.row_bytes * rows);
   w.view.data = w.data.data();
+  return w;
+}
+
+OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t cols) {
+  OwnedWeight w = OwnedWeight::Allocate(type, rows, cols);
   KernelsFor(type)->from_float(values, w.data.data(), rows * cols);
   return w;
 }

@@ -18,6 +18,9 @@ namespace thermocline {
 struct OwnedWeight {
   WeightView view;
   std::vector<uint8_t> data;
+
+  // A zero-filled (rows, cols) matrix of `type`, its view over its own storage.
+  static OwnedWeight Allocate(GgmlType type, int64_t rows, int64_t cols);
 };
 
 // Per-executor buffers of the sparse operators, sized once so that a token never allocates.

@@ -55,10 +55,7 @@ inline std::vector<float> RandomFloats(int64_t n, uint32_t seed, float lo = -1.0
 
 inline OwnedWeight RandomWeight(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
   const std::vector<float> v = RandomFloats(rows * cols, seed);
-  OwnedWeight w;
-  w.view = {type, rows, cols, nullptr, RowBytes(type, cols)};
-  w.data.resize(w.view.row_bytes * rows);
-  w.view.data = w.data.data();
+  OwnedWeight w = OwnedWeight::Allocate(type, rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
     KernelsFor(type, Isa::kScalar)
         ->from_float(v.data() + r * cols, w.data.data() + r * w.view.row_bytes, cols);

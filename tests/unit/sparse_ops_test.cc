@@ -27,10 +27,7 @@ OwnedWeight RandomWeight(GgmlType type, int64_t rows, int64_t cols, uint32_t see
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> v(static_cast<size_t>(rows * cols));
   for (float& f : v) f = dist(rng);
-  OwnedWeight w;
-  w.view = {type, rows, cols, nullptr, RowBytes(type, cols)};
-  w.data.resize(w.view.row_bytes * rows);
-  w.view.data = w.data.data();
+  OwnedWeight w = OwnedWeight::Allocate(type, rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
     KernelsFor(type, Isa::kScalar)
         ->from_float(v.data() + r * cols, w.data.data() + r * w.view.row_bytes, cols);
