@@ -40,6 +40,9 @@ absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromSidecar(
       p.threshold = pr.threshold;
     }
     p.magnitude_threshold = s.magnitude_threshold;
+    if (static_cast<int64_t>(s.fire_count.size()) == model.hparams().n_ff) {
+      p.fire_count = s.fire_count;  // lays the rows out hottest first
+    }
     if (options.target_sparsity > 0 && model.hparams().activation == FfnActivation::kSilu) {
       p.magnitude_threshold = QuantileAt(s.act_abs_quantiles, options.target_sparsity);
     }

@@ -13,6 +13,7 @@
 #include "engine/model/hparams.h"
 #include "engine/ops/matmul.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/util/huge_pages.h"
 
 namespace thermocline {
 
@@ -76,7 +77,7 @@ class LlamaModel {
   bool carries_predictors_ = false;
   float sparse_threshold_ = 0;
   // ffn_down rebuilt from ffn_down_t when a PowerInfer file has only the latter.
-  std::vector<std::vector<uint8_t>> owned_;
+  std::vector<HugeBytes> owned_;
 };
 
 }  // namespace thermocline

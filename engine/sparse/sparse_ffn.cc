@@ -57,10 +57,8 @@ absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromModel(const LlamaMode
   return plan;
 }
 
-absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& model,
-                                                             std::vector<SparseLayerPlan> plan,
-                                                             ThreadPool* pool,
-                                                             const SparseFfnOptions& options) {
+absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
+    const LlamaModel& model, std::vector<SparseLayerPlan> plan, ThreadPool& pool) {
   const LlamaHparams& h = model.hparams();
   if (static_cast<int64_t>(plan.size()) != h.n_layer) {
     return absl::InvalidArgumentError(
@@ -83,26 +81,71 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& m
         return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": neuron ", i));
       }
     }
-  }
-  std::unique_ptr<SparseFfn> f(new SparseFfn(model, std::move(plan), pool, options));
-  for (const LayerWeights& L : model.layers()) {
-    if (L.ffn_down_t.data != nullptr) {
-      f->down_t_.push_back(OwnedWeight{L.ffn_down_t, {}});
-      continue;
+    if (!p.fire_count.empty() && static_cast<int64_t>(p.fire_count.size()) != h.n_ff) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": ", p.fire_count.size(),
+                                                     " firing counts for ", h.n_ff, " neurons"));
     }
-    absl::StatusOr<OwnedWeight> t = TransposeWeight(*pool, L.ffn_down);
-    if (!t.ok()) return t.status();
-    f->down_t_.push_back(*std::move(t));
   }
-  for (const SparseLayerPlan& p : f->plan_) {
-    OwnedWeight t;
+  std::shared_ptr<SparseWeights> w(new SparseWeights(model, std::move(plan)));
+  for (size_t l = 0; l < w->plan_.size(); ++l) {
+    const SparseLayerPlan& p = w->plan_[l];
+    const LayerWeights& L = model.layers()[l];
+    Layer y;
+    // Hottest first; ties (and a plan without a profile) keep the model's order.
+    y.neuron_of.resize(h.n_ff);
+    for (int32_t i = 0; i < h.n_ff; ++i) y.neuron_of[i] = i;
+    if (!p.fire_count.empty()) {
+      std::stable_sort(y.neuron_of.begin(), y.neuron_of.end(),
+                       [&](int32_t a, int32_t b) { return p.fire_count[a] > p.fire_count[b]; });
+    }
+    const int32_t* order = y.neuron_of.data();
+    std::vector<int32_t> slot_of(h.n_ff);
+    for (int32_t s = 0; s < h.n_ff; ++s) slot_of[order[s]] = s;
+    y.gate = GatherRows(pool, L.ffn_gate, order, h.n_ff);
+    y.up = GatherRows(pool, L.ffn_up, order, h.n_ff);
+    // A PowerInfer file's own ffn_down_t is gathered as it is; else down is transposed.
+    absl::StatusOr<OwnedWeight> down_t = L.ffn_down_t.data != nullptr
+                                             ? GatherRows(pool, L.ffn_down_t, order, h.n_ff)
+                                             : TransposeWeight(pool, L.ffn_down, order);
+    if (!down_t.ok()) return down_t.status();
+    y.down_t = *std::move(down_t);
     if (p.rank > 0) {
-      absl::StatusOr<OwnedWeight> tr = TransposeWeight(*pool, p.fc2.view);  // (rank, n_ff)
-      if (!tr.ok()) return tr.status();
-      t = *std::move(tr);
+      const OwnedWeight fc2 = GatherRows(pool, p.fc2.view, order, h.n_ff);  // (n_ff, rank)
+      absl::StatusOr<OwnedWeight> fc2_t = TransposeWeight(pool, fc2.view);  // (rank, n_ff)
+      if (!fc2_t.ok()) return fc2_t.status();
+      y.fc2_t = *std::move(fc2_t);
+      y.b2.resize(h.n_ff);
+      for (int32_t s = 0; s < h.n_ff; ++s) y.b2[s] = p.b2[order[s]];
     }
-    f->fc2_t_.push_back(std::move(t));
+    y.on_device.assign(h.n_ff, 0);
+    for (int32_t i : p.device_neurons) y.on_device[slot_of[i]] = 1;
+    w->layers_.push_back(std::move(y));
   }
+  return std::shared_ptr<const SparseWeights>(std::move(w));
+}
+
+uint64_t SparseWeights::bytes() const {
+  uint64_t total = 0;
+  for (const Layer& y : layers_) {
+    total += y.gate.data.size() + y.up.data.size() + y.down_t.data.size() + y.fc2_t.data.size();
+  }
+  return total;
+}
+
+absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& model,
+                                                             std::vector<SparseLayerPlan> plan,
+                                                             ThreadPool* pool,
+                                                             const SparseFfnOptions& options) {
+  absl::StatusOr<std::shared_ptr<const SparseWeights>> weights =
+      SparseWeights::Build(model, std::move(plan), *pool);
+  if (!weights.ok()) return weights.status();
+  return Create(*std::move(weights), pool, options);
+}
+
+absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(
+    std::shared_ptr<const SparseWeights> weights, ThreadPool* pool,
+    const SparseFfnOptions& options) {
+  std::unique_ptr<SparseFfn> f(new SparseFfn(std::move(weights), pool, options));
   if (options.gpu) {
     if (absl::Status s = f->StartGpu(); !s.ok()) return s;
   }
@@ -116,14 +159,18 @@ absl::Status SparseFfn::StartGpu() {
   spec.n_ff = h.n_ff;
   spec.activation = h.activation;
   spec.memory_cap = options_.gpu_memory;
-  for (size_t l = 0; l < plan_.size(); ++l) {
-    const LayerWeights& L = model_.layers()[l];
+  std::vector<std::vector<int32_t>> device_slots(plan().size());  // read while uploading
+  for (size_t l = 0; l < plan().size(); ++l) {
+    const SparseWeights::Layer& y = weights_->layer(static_cast<int>(l));
     gpu::GpuFfnLayerSpec layer;
-    layer.gate = L.ffn_gate;
-    layer.up = L.ffn_up;
-    layer.down_t = down_t_[l].view;
-    layer.device_neurons = plan_[l].device_neurons;
-    layer.magnitude_threshold = plan_[l].magnitude_threshold;
+    layer.gate = y.gate.view;
+    layer.up = y.up.view;
+    layer.down_t = y.down_t.view;
+    for (int32_t s = 0; s < h.n_ff; ++s) {
+      if (y.on_device[s]) device_slots[l].push_back(s);
+    }
+    layer.device_neurons = device_slots[l];
+    layer.magnitude_threshold = plan()[l].magnitude_threshold;
     spec.layers.push_back(layer);  // the host picks the active set: no predictor on the GPU
   }
   absl::StatusOr<std::unique_ptr<gpu::GpuFfnExecutor>> e = gpu::CreateGpuFfnExecutor(spec);
@@ -138,19 +185,16 @@ absl::Status SparseFfn::StartGpu() {
   return absl::OkStatus();
 }
 
-SparseFfn::SparseFfn(const LlamaModel& model, std::vector<SparseLayerPlan> plan, ThreadPool* pool,
+SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* pool,
                      const SparseFfnOptions& options)
-    : model_(model), plan_(std::move(plan)), pool_(pool), options_(options) {
-  const LlamaHparams& h = model.hparams();
+    : weights_(std::move(weights)), model_(weights_->model()), pool_(pool), options_(options) {
+  const LlamaHparams& h = model_.hparams();
   int64_t max_rank = 0, max_conv = 0;
-  for (size_t l = 0; l < plan_.size(); ++l) {
-    max_rank = std::max(max_rank, plan_[l].rank);
-    const LayerWeights& L = model.layers()[l];
+  for (size_t l = 0; l < plan().size(); ++l) {
+    max_rank = std::max(max_rank, plan()[l].rank);
+    const LayerWeights& L = model_.layers()[l];
     max_conv = std::max<int64_t>(max_conv, PreparedBytes(L.ffn_gate.type, h.n_embd));
     max_conv = std::max<int64_t>(max_conv, PreparedBytes(L.ffn_up.type, h.n_embd));
-    std::vector<uint8_t> dev(h.n_ff, 0);
-    for (int32_t i : plan_[l].device_neurons) dev[i] = 1;
-    on_device_.push_back(std::move(dev));
   }
   x_gate_.resize(max_conv);
   x_up_.resize(max_conv);
@@ -163,6 +207,41 @@ SparseFfn::SparseFfn(const LlamaModel& model, std::vector<SparseLayerPlan> plan,
   dense_up_.resize(h.n_ff);
   matmul_scratch_.Reserve(1, std::max(h.n_embd, std::max<int64_t>(max_rank, 1)));
   host_ = std::make_unique<Executor>(pool_, h.n_embd, h.n_ff);
+  hidden_idx_.resize(std::max<int64_t>(max_rank, 1));
+  hidden_nz_.resize(std::max<int64_t>(max_rank, 1));
+  const int n_lanes = pool_->size();
+  lanes_.resize(n_lanes);
+  for (Lane& lane : lanes_) {
+    lane.idx.resize(h.n_ff);
+    lane.gate.resize(h.n_ff);
+    lane.up.resize(h.n_ff);
+    lane.acc.resize(h.n_embd);
+  }
+  // Slices of equal expected work: a slot weighs its firing count plus a quarter of the mean
+  // (the gate rows of predicted neurons that do not fire). Bounds are multiples of kLaneAlign
+  // slots, so that a slice of a quantized fc2ᵀ row starts on a block.
+  constexpr int64_t kLaneAlign = 64;
+  for (size_t l = 0; l < plan().size(); ++l) {
+    const std::vector<int32_t>& count = plan()[l].fire_count;
+    const std::vector<int32_t>& neuron_of = weights_->layer(static_cast<int>(l)).neuron_of;
+    std::vector<double> cum(h.n_ff + 1, 0.0);
+    double mean = 0;
+    for (int32_t c : count) mean += c;
+    mean = count.empty() ? 1.0 : mean / h.n_ff;
+    for (int64_t s = 0; s < h.n_ff; ++s) {
+      const double c = count.empty() ? 1.0 : count[neuron_of[s]];
+      cum[s + 1] = cum[s] + c + 0.25 * mean;
+    }
+    std::vector<int64_t> bounds(n_lanes + 1, h.n_ff);
+    bounds[0] = 0;
+    for (int k = 1; k < n_lanes; ++k) {
+      const double target = cum[h.n_ff] * k / n_lanes;
+      int64_t b = std::lower_bound(cum.begin(), cum.end(), target) - cum.begin();
+      b = (b + kLaneAlign / 2) / kLaneAlign * kLaneAlign;
+      bounds[k] = std::clamp<int64_t>(b, bounds[k - 1], h.n_ff);
+    }
+    lane_bounds_.push_back(std::move(bounds));
+  }
   if (options_.split || options_.gpu) {
     device_pool_ = std::make_unique<ThreadPool>(std::max(1, options_.device_threads));
     dispatch_pool_ = std::make_unique<ThreadPool>(2);
@@ -181,12 +260,112 @@ void SparseFfn::Forward(int layer, const float* x, const float* xn, int64_t n_to
   for (int64_t t = 0; t < n_tokens; ++t) ForwardToken(layer, xn + t * d, out + t * d);
 }
 
-void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
+void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
   const auto t0 = std::chrono::steady_clock::now();
   const LlamaHparams& h = model_.hparams();
-  const LayerWeights& L = model_.layers()[layer];
-  const SparseLayerPlan& p = plan_[layer];
-  const uint8_t* dev = on_device_[layer].data();
+  const SparseWeights::Layer& y = weights_->layer(layer);
+  const SparseLayerPlan& p = plan()[layer];
+  n_hidden_nz_ = 0;
+  if (p.rank > 0) {
+    MatMul(*pool_, p.fc1.view, xn, 1, hidden_.data(), matmul_scratch_);
+    for (int64_t j = 0; j < p.rank; ++j) {
+      const float v = hidden_[j] + p.b1[j];
+      if (v > 0.0f) {
+        hidden_idx_[n_hidden_nz_] = static_cast<int32_t>(j);
+        hidden_nz_[n_hidden_nz_++] = v;
+      }
+    }
+  }
+  PrepareActivations(y.gate.view.type, isa_, xn, h.n_embd, x_gate_.data());
+  if (y.up.view.type != y.gate.view.type) {
+    PrepareActivations(y.up.view.type, isa_, xn, h.n_embd, x_up_.data());
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  pool_->Run([&](int lane) { RunLane(layer, lane); });
+  std::copy_n(lanes_[0].acc.data(), h.n_embd, out);
+  for (size_t k = 1; k < lanes_.size(); ++k) {
+    const float* acc = lanes_[k].acc.data();
+    for (int64_t i = 0; i < h.n_embd; ++i) out[i] += acc[i];
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  stats_.layer_tokens += 1;
+  for (const Lane& lane : lanes_) {
+    stats_.predicted += static_cast<double>(lane.predicted);
+    stats_.fired += static_cast<double>(lane.fired);
+  }
+  // fc1 on this thread, fc2 and the threshold inside lane 0 (the others run alongside).
+  stats_.predictor_s += p.rank > 0 ? Seconds(t0, t1) + lanes_[0].predictor_s : 0.0;
+  stats_.total_s += Seconds(t0, t2);
+}
+
+void SparseFfn::RunLane(int layer, int lane_index) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const LlamaHparams& h = model_.hparams();
+  const SparseWeights::Layer& y = weights_->layer(layer);
+  const SparseLayerPlan& p = plan()[layer];
+  Lane& lane = lanes_[lane_index];
+  const int64_t begin = lane_bounds_[layer][lane_index], end = lane_bounds_[layer][lane_index + 1];
+  int32_t* idx = lane.idx.data();
+  float* gate = lane.gate.data();
+  float* up = lane.up.data();
+  int64_t n = 0;
+  if (p.rank > 0) {
+    // This slice's logits: fc2ᵀ rows of the hidden units that fired, restricted to its slots.
+    float* logits = logits_.data() + begin;
+    if (end > begin) {
+      SparseAxpyRows(isa_, y.fc2_t.view, begin, end - begin, hidden_idx_.data(), hidden_nz_.data(),
+                     n_hidden_nz_, logits);
+    }
+    const float thr = p.threshold;
+    const float* b2 = y.b2.data();
+    for (int64_t s = begin; s < end; ++s) {
+      if (logits[s - begin] + b2[s] > thr) idx[n++] = static_cast<int32_t>(s);
+    }
+  } else {
+    for (int64_t s = begin; s < end; ++s) idx[n++] = static_cast<int32_t>(s);
+  }
+  if (lane_index == 0) lane.predictor_s = Seconds(t0, std::chrono::steady_clock::now());
+  lane.predicted = n;
+  const WeightView& gw = y.gate.view;
+  const WeightView& uw = y.up.view;
+  const void* x_up = uw.type == gw.type ? x_gate_.data() : x_up_.data();
+  SparseRowDots(isa_, gw, x_gate_.data(), idx, n, gate);
+  if (GateDecides(h.activation)) {
+    // ReLU family: up rows only for the neurons whose gate fired.
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (gate[j] > 0.0f) {
+        idx[m] = idx[j];
+        gate[m++] = gate[j];
+      }
+    }
+    n = m;
+  }
+  SparseRowDots(isa_, uw, x_up, idx, n, up);
+  GatedActivation(h.activation, gate, up, n);
+  // Below the magnitude threshold (and exact zeros): dropped before down reads their rows.
+  const float thr = p.magnitude_threshold;
+  int64_t m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::fabs(gate[j]) > thr && gate[j] != 0.0f) {
+      idx[m] = idx[j];
+      gate[m++] = gate[j];
+    }
+  }
+  lane.fired = m;
+  SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, gate, m, lane.acc.data());
+}
+
+void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
+  if (!options_.oracle && device_ == nullptr) {
+    ForwardTokenFused(layer, xn, out);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const LlamaHparams& h = model_.hparams();
+  const SparseWeights::Layer& y = weights_->layer(layer);
+  const SparseLayerPlan& p = plan()[layer];
+  const uint8_t* dev = y.on_device.data();
   Executor& host = *host_;
   Executor* device = device_ ? device_.get() : nullptr;
   int64_t n_host = 0, n_dev = 0;
@@ -200,8 +379,8 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
   const bool have_act = options_.oracle;
   if (options_.oracle) {
     // Exact active set: dense gate/up, neurons whose activation passes the threshold.
-    MatMul(*pool_, L.ffn_gate, xn, 1, dense_gate_.data(), matmul_scratch_);
-    MatMul(*pool_, L.ffn_up, xn, 1, dense_up_.data(), matmul_scratch_);
+    MatMul(*pool_, y.gate.view, xn, 1, dense_gate_.data(), matmul_scratch_);
+    MatMul(*pool_, y.up.view, xn, 1, dense_up_.data(), matmul_scratch_);
     GatedActivation(h.activation, dense_gate_.data(), dense_up_.data(), h.n_ff);
     for (int64_t i = 0; i < h.n_ff; ++i) {
       if (std::fabs(dense_gate_[i]) > p.magnitude_threshold) add(i, dense_gate_[i], true);
@@ -211,11 +390,11 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
     for (int64_t j = 0; j < p.rank; ++j) hidden_[j] = std::max(0.0f, hidden_[j] + p.b1[j]);
     // fc2 as an axpy over its transposed rows: rank rows of n_ff stream well where n_ff rows
     // of rank elements would not, and the hidden units relu zeroed are skipped.
-    SparseAxpy(*pool_, isa_, fc2_t_[layer].view, rank_ids_.data(), hidden_.data(), p.rank,
-               logits_.data(), predictor_scratch_);
+    SparseAxpy(*pool_, isa_, y.fc2_t.view, rank_ids_.data(), hidden_.data(), p.rank, logits_.data(),
+               predictor_scratch_);
     const float thr = p.threshold;
     for (int64_t i = 0; i < h.n_ff; ++i) {
-      if (logits_[i] + p.b2[i] > thr) add(static_cast<int32_t>(i), 0.0f, false);
+      if (logits_[i] + y.b2[i] > thr) add(static_cast<int32_t>(i), 0.0f, false);
     }
   } else {
     for (int64_t i = 0; i < h.n_ff; ++i) add(static_cast<int32_t>(i), 0.0f, false);
@@ -224,9 +403,9 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
   if (!have_act) {
     // xn prepared once per layer (once for both when gate and up share a type), shared
     // read-only by both executors.
-    PrepareActivations(L.ffn_gate.type, isa_, xn, h.n_embd, x_gate_.data());
-    if (L.ffn_up.type != L.ffn_gate.type) {
-      PrepareActivations(L.ffn_up.type, isa_, xn, h.n_embd, x_up_.data());
+    PrepareActivations(y.gate.view.type, isa_, xn, h.n_embd, x_gate_.data());
+    if (y.up.view.type != y.gate.view.type) {
+      PrepareActivations(y.up.view.type, isa_, xn, h.n_embd, x_up_.data());
     }
   }
   if (gpu_ != nullptr && n_dev > 0) {
@@ -264,15 +443,17 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
 }
 
 void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
-  const LayerWeights& L = model_.layers()[layer];
-  const SparseLayerPlan& p = plan_[layer];
+  const SparseWeights::Layer& y = weights_->layer(layer);
+  const SparseLayerPlan& p = plan()[layer];
   ThreadPool& pool = *e.pool;
   if (!have_act) {
-    const void* x_up = L.ffn_up.type == L.ffn_gate.type ? x_gate_.data() : x_up_.data();
+    const WeightView& gate = y.gate.view;
+    const WeightView& up = y.up.view;
+    const void* x_up = up.type == gate.type ? x_gate_.data() : x_up_.data();
     if (GateDecides(model_.hparams().activation)) {
       // ReLU family: a neuron whose gate is <= 0 is zero whatever its up, so up (and down)
       // rows are read only for the neurons whose gate fired.
-      SparseMatVec(pool, isa_, L.ffn_gate, x_gate_.data(), e.idx.data(), n, e.gate.data());
+      SparseMatVec(pool, isa_, gate, x_gate_.data(), e.idx.data(), n, e.gate.data());
       int64_t m = 0;
       for (int64_t j = 0; j < n; ++j) {
         if (e.gate[j] > 0.0f) {
@@ -281,10 +462,10 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
         }
       }
       n = m;
-      SparseMatVec(pool, isa_, L.ffn_up, x_up, e.idx.data(), n, e.up.data());
+      SparseMatVec(pool, isa_, up, x_up, e.idx.data(), n, e.up.data());
     } else {
-      SparseGateUp(pool, isa_, L.ffn_gate, x_gate_.data(), L.ffn_up, x_up, e.idx.data(), n,
-                   e.gate.data(), e.up.data());
+      SparseGateUp(pool, isa_, gate, x_gate_.data(), up, x_up, e.idx.data(), n, e.gate.data(),
+                   e.up.data());
     }
     GatedActivation(model_.hparams().activation, e.gate.data(), e.up.data(), n);
     // Predicted but below the magnitude threshold: dropped (SparseAxpy skips the zeros).
@@ -296,8 +477,7 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
   int64_t fired = 0;
   for (int64_t j = 0; j < n; ++j) fired += e.gate[j] != 0.0f;
   e.fired = fired;
-  const OwnedWeight& dt = down_t_[layer];
-  SparseAxpy(pool, isa_, dt.view, e.idx.data(), e.gate.data(), n, e.out.data(), e.scratch);
+  SparseAxpy(pool, isa_, y.down_t.view, e.idx.data(), e.gate.data(), n, e.out.data(), e.scratch);
 }
 
 double SparseFfn::DenseBytesPerToken() const {
@@ -313,7 +493,7 @@ double SparseFfn::DenseBytesPerToken() const {
 double SparseFfn::PredictorBytesPerToken() const {
   if (options_.oracle) return 0;
   double bytes = 0;
-  for (const SparseLayerPlan& p : plan_) {
+  for (const SparseLayerPlan& p : plan()) {
     if (p.rank == 0) continue;
     bytes += static_cast<double>(p.fc1.view.row_bytes) * p.fc1.view.rows +
              static_cast<double>(p.fc2.view.row_bytes) * p.fc2.view.rows +
@@ -326,7 +506,7 @@ double SparseFfn::SparseBytesPerToken() const {
   double bytes = static_cast<double>(model_.output().row_bytes) * model_.output().rows;
   const double predicted_per_layer = stats_.predicted / std::max<int64_t>(1, stats_.layer_tokens);
   const double fired_per_layer = stats_.fired / std::max<int64_t>(1, stats_.layer_tokens);
-  for (size_t l = 0; l < plan_.size(); ++l) {
+  for (size_t l = 0; l < plan().size(); ++l) {
     const LayerWeights& L = model_.layers()[l];
     for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) {
       bytes += static_cast<double>(w->row_bytes) * w->rows;
@@ -337,7 +517,7 @@ double SparseFfn::SparseBytesPerToken() const {
     const double gu =
         options_.oracle ? (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * L.ffn_gate.rows
                         : L.ffn_gate.row_bytes * predicted_per_layer + L.ffn_up.row_bytes * up_rows;
-    bytes += gu + down_t_[l].view.row_bytes * fired_per_layer;
+    bytes += gu + weights_->layer(static_cast<int>(l)).down_t.view.row_bytes * fired_per_layer;
   }
   return bytes + PredictorBytesPerToken();
 }

@@ -32,12 +32,50 @@ struct SparseLayerPlan {
   float threshold = 0.0f;               // predicted active iff logit > threshold
   float magnitude_threshold = 0;        // fired iff |act| > this
   std::vector<int32_t> device_neurons;  // the placement's device part (empty: all host)
+  std::vector<int32_t> fire_count;      // (n_ff) firings in the profile (empty: none)
 };
 
 // The plan of a model that carries its predictors (a PowerInfer file: blk.N.fc1/fc2, no
 // biases, threshold powerinfer.sparse_threshold); the views point into the model.
 // FailedPrecondition when it carries none.
 absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromModel(const LlamaModel& model);
+
+// What the sparse FFN reads, built once per model and plan and shared read-only by every
+// SparseFfn over them (a daemon's slots). Per layer the FFN rows are copies in firing order,
+// the profile's hottest neurons first, so that the rows that fire on most tokens are read as
+// one stream rather than scattered; the copies are on huge pages (engine/util/huge_pages.h),
+// where scattered rows cost no TLB miss each. Slot s holds neuron neuron_of[s]: active sets,
+// predictor logits and the device part are all in slot order. Costs the RAM of gate, up and
+// down once more (down_t is needed anyway; the model's gate and up are then read by prefill
+// only).
+class SparseWeights {
+ public:
+  struct Layer {
+    std::vector<int32_t> neuron_of;  // (n_ff) slot → neuron
+    OwnedWeight gate, up;            // (n_ff, n_embd) rows in slot order
+    OwnedWeight down_t;              // (n_ff, n_embd) down's columns as rows, slot order
+    OwnedWeight fc2_t;               // (rank, n_ff) the predictor's fc2ᵀ, columns in slot order
+    std::vector<float> b2;           // (n_ff) slot order
+    std::vector<uint8_t> on_device;  // (n_ff) slot order: 1 for the placement's device part
+  };
+
+  // Checks the plan against the model and builds every layer's copies over `pool`.
+  static absl::StatusOr<std::shared_ptr<const SparseWeights>> Build(
+      const LlamaModel& model, std::vector<SparseLayerPlan> plan, ThreadPool& pool);
+
+  const LlamaModel& model() const { return model_; }
+  const std::vector<SparseLayerPlan>& plan() const { return plan_; }
+  const Layer& layer(int l) const { return layers_[l]; }
+  // Bytes of RAM the copies take.
+  uint64_t bytes() const;
+
+ private:
+  SparseWeights(const LlamaModel& model, std::vector<SparseLayerPlan> plan)
+      : model_(model), plan_(std::move(plan)) {}
+  const LlamaModel& model_;
+  std::vector<SparseLayerPlan> plan_;
+  std::vector<Layer> layers_;
+};
 
 struct SparseFfnOptions {
   bool oracle = false;         // exact active set from dense gate/up instead of the predictor
@@ -60,12 +98,16 @@ struct SparseFfnStats {
 
 class SparseFfn : public FfnBackend {
  public:
-  // Builds down_t for every layer (once; a PowerInfer file's own ffn_down_t is used as it is).
-  // pool: the host executor, shared with the session.
+  // SparseWeights::Build, then the FFN over them. pool: the host executor, shared with the
+  // session.
   static absl::StatusOr<std::unique_ptr<SparseFfn>> Create(const LlamaModel& model,
                                                            std::vector<SparseLayerPlan> plan,
                                                            ThreadPool* pool,
                                                            const SparseFfnOptions& options);
+  // Over weights another SparseFfn may share.
+  static absl::StatusOr<std::unique_ptr<SparseFfn>> Create(
+      std::shared_ptr<const SparseWeights> weights, ThreadPool* pool,
+      const SparseFfnOptions& options);
   ~SparseFfn() override;
 
   void Forward(int layer, const float* x, const float* xn, int64_t n_tokens, float* out) override;
@@ -77,7 +119,11 @@ class SparseFfn : public FfnBackend {
   const SparseFfnOptions& options() const { return options_; }
   // OK when the device part runs on the GPU; else why not (options.gpu unset, no device).
   const absl::Status& gpu_status() const { return gpu_status_; }
-  const std::vector<SparseLayerPlan>& plan() const { return plan_; }
+  // Device bytes the GPU part holds (weights and scratch, within options.gpu_memory); 0 when
+  // it does not run on the GPU.
+  uint64_t gpu_device_bytes() const { return gpu_ != nullptr ? gpu_->device_bytes() : 0; }
+  const std::vector<SparseLayerPlan>& plan() const { return weights_->plan(); }
+  const std::shared_ptr<const SparseWeights>& weights() const { return weights_; }
   // Weight bytes one decode token reads, whole model (attention, FFN, output head): dense, and
   // sparse at the mean active counts of stats() (predictors included).
   double DenseBytesPerToken() const;
@@ -86,25 +132,42 @@ class SparseFfn : public FfnBackend {
 
  private:
   struct Executor;
-  SparseFfn(const LlamaModel& model, std::vector<SparseLayerPlan> plan, ThreadPool* pool,
+  // One thread's share of a layer on the fused path: its slice of the slots, from predictor
+  // logits to its partial down sum.
+  struct Lane {
+    std::vector<int32_t> idx;  // (n_ff) active slots of the slice
+    std::vector<float> gate;   // (n_ff) compact: gate, then the activation
+    std::vector<float> up;     // (n_ff)
+    std::vector<float> acc;    // (n_embd) partial output
+    int64_t predicted = 0, fired = 0;
+    double predictor_s = 0;
+  };
+  SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* pool,
             const SparseFfnOptions& options);
   void ForwardToken(int layer, const float* xn, float* out);
+  // The host-only path (no device part, no oracle): one hand-off to the pool per layer, each
+  // thread taking a slice of the slots through predictor, gate, up and down, balanced by the
+  // profile's firing counts. Then the slices' sums are added.
+  void ForwardTokenFused(int layer, const float* xn, float* out);
+  void RunLane(int layer, int lane);
   // One executor's share: idx (n) active neurons; act given (oracle) or computed from gate/up.
   void RunPart(int layer, Executor& e, int64_t n, bool have_act);
   // Uploads the device part to the GPU (options.gpu); no device leaves it on the CPU.
   absl::Status StartGpu();
 
+  std::shared_ptr<const SparseWeights> weights_;
   const LlamaModel& model_;
-  std::vector<SparseLayerPlan> plan_;
-  std::vector<OwnedWeight> down_t_;              // per layer (n_ff, n_embd)
-  std::vector<OwnedWeight> fc2_t_;               // per layer (rank, n_ff): the predictor's fc2ᵀ
-  std::vector<std::vector<uint8_t>> on_device_;  // per layer (n_ff) 1: device part
   ThreadPool* pool_;
   SparseFfnOptions options_;
   Session* session_ = nullptr;
   std::unique_ptr<ThreadPool> device_pool_;
   std::unique_ptr<ThreadPool> dispatch_pool_;  // 2 threads: host part, device part
   std::unique_ptr<Executor> host_, device_;
+  std::vector<Lane> lanes_;                        // (pool size) fused path
+  std::vector<std::vector<int64_t>> lane_bounds_;  // per layer: pool size + 1 slot bounds
+  std::vector<int32_t> hidden_idx_;                // predictor hidden units that are > 0
+  std::vector<float> hidden_nz_;                   // and their values
+  int64_t n_hidden_nz_ = 0;
   std::unique_ptr<gpu::GpuFfnExecutor> gpu_;
   absl::Status gpu_status_ = absl::FailedPreconditionError("GPU not requested");
 

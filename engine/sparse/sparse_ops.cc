@@ -88,7 +88,33 @@ inline void PrefetchRow(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < end; o += 64) __builtin_prefetch(p + o);
 }
 
+// acc[0, cols) += Σ_j act[j] · w_t.row(idx[j])[col0, col0 + cols), j < n: kMaxAxpyRows rows per
+// pass over acc, rows prefetched kPrefetchRows ahead.
+void AxpyInto(AxpyFn axpy, const WeightView& w_t, int64_t col0, int64_t cols, const int32_t* idx,
+              const float* act, int64_t n, float* acc) {
+  const size_t offset = RowBytes(w_t.type, col0);
+  const size_t bytes = RowBytes(w_t.type, cols);
+  const uint8_t* rows[kMaxAxpyRows];
+  for (int64_t j = 0; j < n; j += kMaxAxpyRows) {
+    const int k = static_cast<int>(std::min<int64_t>(kMaxAxpyRows, n - j));
+    for (int r = 0; r < k; ++r) {
+      rows[r] = w_t.row(idx[j + r]) + offset;
+      if (j + kPrefetchRows + r < n)
+        PrefetchRow(w_t.row(idx[j + kPrefetchRows + r]) + offset, bytes);
+    }
+    axpy(cols, k, act + j, rows, acc);
+  }
+}
+
 }  // namespace
+
+void SparseAxpyRows(Isa isa, const WeightView& w_t, int64_t col0, int64_t cols, const int32_t* idx,
+                    const float* act, int64_t n, float* out) {
+  if (AxpyFor(w_t.type, isa) == nullptr) isa = Isa::kScalar;
+  const AxpyFn axpy = AxpyFor(w_t.type, isa);
+  std::fill_n(out, cols, 0.0f);
+  AxpyInto(axpy, w_t, col0, cols, idx, act, n, out);
+}
 
 size_t PreparedBytes(GgmlType type, int64_t n) { return RowDot::PreparedBytes(type, n); }
 
@@ -96,16 +122,23 @@ void PrepareActivations(GgmlType type, Isa isa, const float* x, int64_t n, void*
   RowDotOrScalar(type, isa).Prepare(x, n, dst);
 }
 
+void SparseRowDots(Isa isa, const WeightView& w, const void* x, const int32_t* idx, int64_t n,
+                   float* y) {
+  const RowDot dot = RowDotOrScalar(w.type, isa);
+  const int64_t cols = w.cols;
+  const size_t bytes = RowBytes(w.type, cols);  // of a row's data (row_bytes is the stride)
+  for (int64_t j = 0; j < std::min(n, kPrefetchRows); ++j) PrefetchRow(w.row(idx[j]), bytes);
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kPrefetchRows < n) PrefetchRow(w.row(idx[j + kPrefetchRows]), bytes);
+    y[j] = dot.Dot(cols, w.row(idx[j]), x);
+  }
+}
+
 void SparseMatVec(ThreadPool& pool, Isa isa, const WeightView& w, const void* x, const int32_t* idx,
                   int64_t n_active, float* y) {
-  const RowDot dot = RowDotOrScalar(w.type, isa);
-  const int64_t n = w.cols;
-  const size_t bytes = RowBytes(w.type, n);  // of a row's data (row_bytes is the stride)
+  const size_t bytes = RowBytes(w.type, w.cols);
   RunParts(pool, PartsFor(pool, n_active, bytes), n_active, [&](int, int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      if (j + kPrefetchRows < end) PrefetchRow(w.row(idx[j + kPrefetchRows]), bytes);
-      y[j] = dot.Dot(n, w.row(idx[j]), x);
-    }
+    SparseRowDots(isa, w, x, idx + begin, end - begin, y + begin);
   });
 }
 
@@ -150,17 +183,7 @@ void SparseAxpy(ThreadPool& pool, Isa isa, const WeightView& w_t, const int32_t*
   RunParts(pool, parts, m, [&](int part, int64_t begin, int64_t end) {
     float* acc = part == 0 ? out : scratch.acc(part);
     std::fill_n(acc, n, 0.0f);
-    const uint8_t* rows[kMaxAxpyRows];
-    for (int64_t j = begin; j < end; j += kMaxAxpyRows) {
-      const int k = static_cast<int>(std::min<int64_t>(kMaxAxpyRows, end - j));
-      for (int r = 0; r < k; ++r) {
-        rows[r] = w_t.row(nz_idx[j + r]);
-        if (j + kPrefetchRows + r < end) {
-          PrefetchRow(w_t.row(nz_idx[j + kPrefetchRows + r]), w_t.row_bytes);
-        }
-      }
-      axpy(n, k, nz_act + j, rows, acc);
-    }
+    AxpyInto(axpy, w_t, 0, n, nz_idx + begin, nz_act + begin, end - begin, acc);
   });
   // Explicit reduction of the other parts' accumulators into part 0's (out).
   for (int p = 1; p < parts; p += kMaxAxpyRows) {
@@ -236,7 +259,8 @@ void SparseAxpyReference(const WeightView& w_t, const int32_t* idx, const float*
   for (int64_t i = 0; i < w_t.cols; ++i) out[i] = static_cast<float>(acc[i]);
 }
 
-absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down) {
+absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
+                                            const int32_t* order) {
   const TypeKernels* src = KernelsFor(down.type);
   if (src == nullptr) {
     return absl::UnimplementedError(
@@ -256,11 +280,23 @@ absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& 
   pool.ParallelFor(cols, 16, [&](int thread, int64_t begin, int64_t end) {
     float* t = tmp.data() + thread * rows;
     for (int64_t c = begin; c < end; ++c) {
-      for (int64_t r = 0; r < rows; ++r) t[r] = full[r * cols + c];
+      const int64_t src_col = order != nullptr ? order[c] : c;
+      for (int64_t r = 0; r < rows; ++r) t[r] = full[r * cols + src_col];
       dst->from_float(t, w.data.data() + c * w.view.row_bytes, rows);
     }
   });
   return w;
+}
+
+OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* order, int64_t n) {
+  OwnedWeight g = OwnedWeight::Allocate(w.type, n, w.cols);
+  const size_t bytes = RowBytes(w.type, w.cols);
+  pool.ParallelFor(n, 64, [&](int, int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      std::memcpy(g.data.data() + k * g.view.row_bytes, w.row(order[k]), bytes);
+    }
+  });
+  return g;
 }
 
 absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
+#include "engine/util/huge_pages.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline {
@@ -17,7 +18,7 @@ namespace thermocline {
 // An owned weight matrix built once at load (down_t, interleaved gate/up).
 struct OwnedWeight {
   WeightView view;
-  std::vector<uint8_t> data;
+  HugeBytes data;  // on huge pages: the sparse operators read scattered rows
 
   // A zero-filled (rows, cols) matrix of `type`, its view over its own storage.
   static OwnedWeight Allocate(GgmlType type, int64_t rows, int64_t cols);
@@ -63,6 +64,17 @@ void SparseGateUp(ThreadPool& pool, Isa isa, const WeightView& gate, const void*
                   const WeightView& up, const void* x_up, const int32_t* idx, int64_t n_active,
                   float* y_gate, float* y_up);
 
+// ---- Single-thread forms, for callers that split a token's work among threads themselves ----
+
+// y[j] = dot(w.row(idx[j]), x) for j < n, on the calling thread (SparseMatVec's part).
+void SparseRowDots(Isa isa, const WeightView& w, const void* x, const int32_t* idx, int64_t n,
+                   float* y);
+// out[0, cols) = Σ_j act[j] · w_t.row(idx[j])[col0, col0 + cols), j < n, on the calling thread
+// (every listed row is read: drop zero activations first). col0 and cols: multiples of w_t's
+// block size (cols < w_t.cols: a column slice of the rows).
+void SparseAxpyRows(Isa isa, const WeightView& w_t, int64_t col0, int64_t cols, const int32_t* idx,
+                    const float* act, int64_t n, float* out);
+
 // gate and up stored interleaved, built once at load: row 2i of `storage` is gate row i, row
 // 2i + 1 up row i, so an active neuron's gate and up weights are one contiguous read (random
 // rows cost more than their bytes: each starts a new DRAM access the prefetchers don't foresee).
@@ -105,8 +117,12 @@ void SparseAxpyReference(const WeightView& w_t, const int32_t* idx, const float*
                          int64_t n_active, float* out);
 
 // down_t: (down.cols, down.rows) of down's type, or F32 when that type's block size does not
-// divide down.rows (or it has no kernels). Parallel over the pool.
-absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down);
+// divide down.rows (or it has no kernels). Parallel over the pool. With `order` (down.cols
+// entries), row k of down_t is column order[k] of down.
+absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
+                                            const int32_t* order = nullptr);
+// Row k of the result is row order[k] of w, k < n: a copy, on huge pages.
+OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* order, int64_t n);
 // An F32 or F16 weight over a copy of `values`: (rows, cols).
 OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t cols);
 
