@@ -69,6 +69,9 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
   const double ratio = *sparse_tps / *dense_tps;
   const double ideal = sparse.DenseBytesPerToken() / sparse.SparseBytesPerToken();
   const double predictor_share = st.total_s > 0 ? st.predictor_s / st.total_s : 0;
+  // Per decoded token: the sparse FFN's share of the whole token (predictors within it).
+  const double layer_tokens = std::max<double>(1.0, static_cast<double>(st.layer_tokens));
+  const double ffn_ms = 1e3 * st.total_s * model.hparams().n_layer / layer_tokens;
   if (json) {
     nlohmann::json out = {{"dense_decode_tokens_per_s", *dense_tps},
                           {"sparse_decode_tokens_per_s", *sparse_tps},
@@ -78,6 +81,8 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
                           {"predicted_active", predicted},
                           {"fired", fired},
                           {"predictor_share_of_ffn_time", predictor_share},
+                          {"sparse_ffn_ms_per_token", ffn_ms},
+                          {"sparse_token_ms", 1e3 / *sparse_tps},
                           {"oracle", sparse.options().oracle}};
     std::cout << out.dump(2) << "\n";
   } else {
@@ -85,12 +90,13 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
         "threads %d, %s | decode %lld tokens after %lld: dense %.2f tokens/s, sparse "
         "%.2f tokens/s%s\nratio %.2fx, ideal %.2fx (weight bytes dense %.1f MiB / sparse "
         "%.1f MiB per token), %.0f%% of ideal\nactive: %.1f%% predicted, %.1f%% fired; "
-        "predictors %.0f%% of sparse FFN time\n",
+        "predictors %.0f%% of sparse FFN time; sparse FFN %.2f of %.2f ms per token\n",
         pool.size(), IsaName(BestIsa()), static_cast<long long>(o.gen_tokens),
         static_cast<long long>(o.prompt_tokens), *dense_tps, *sparse_tps,
         sparse.options().oracle ? " (oracle)" : "", ratio, ideal,
         sparse.DenseBytesPerToken() / 1048576.0, sparse.SparseBytesPerToken() / 1048576.0,
-        100 * ratio / ideal, 100 * predicted, 100 * fired, 100 * predictor_share);
+        100 * ratio / ideal, 100 * predicted, 100 * fired, 100 * predictor_share, ffn_ms,
+        1e3 / *sparse_tps);
   }
   return 0;
 }
@@ -128,25 +134,31 @@ int RunBench(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--ops") == 0) return RunBenchOps(argc, argv);
   }
-  auto args = Args::Parse(
-      argc, argv,
-      {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions", "--activation",
-       "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile", "--output", "--gpu-memory"},
-      {"--json", "--help", "--oracle", "--hardware"},
-      {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
+  auto args =
+      Args::Parse(argc, argv,
+                  {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions",
+                   "--activation", "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile",
+                   "--output", "--gpu-memory", "--gpu-layers"},
+                  {"--json", "--help", "--oracle", "--hardware", "--gpu-compare"},
+                  {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
   if (args->Has("--help")) {
     std::puts(
         "usage: thermocline bench -m MODEL [--prompt-tokens 64] [--gen-tokens 64] "
         "[--threads N] [--repetitions 5] [--json]");
     std::fputs(kSparseUsage, stdout);
+    std::fputs(kGpuLayersUsage, stdout);
     std::puts(
+        "  --gpu-compare            decode tokens/s of (a) the hybrid sparse placement of\n"
+        "                           --sidecar, (b) dense with --gpu-layers (default auto) whole\n"
+        "                           layers on the GPU, (c) all on the CPU, under --gpu-memory\n"
         "       thermocline bench --hardware [--gpu-profile FILE.toml] [-o FILE.toml] "
         "[--threads N]\n  measures this machine's CPU read bandwidth and writes the "
         "hardware profile `solve --hardware` reads");
     return 0;
   }
   if (args->Has("--hardware")) return BenchHardware(*args);
+  if (args->Has("--gpu-compare") || args->Get("--gpu-layers")) return RunBenchGpuCompare(*args);
   BenchOptions o;
   auto pt = args->GetInt("--prompt-tokens", 64);
   auto gt = args->GetInt("--gen-tokens", 64);

@@ -58,22 +58,24 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const Args& args) {
 }  // namespace
 
 int RunGenerate(int argc, char** argv) {
-  auto args = Args::Parse(
-      argc, argv,
-      {"--model", "--prompt", "--n-predict", "--temp", "--top-k", "--top-p", "--min-p",
-       "--repeat-penalty", "--frequency-penalty", "--presence-penalty", "--seed", "--threads",
-       "--ctx", "--activation", "--sparse", "--sidecar", "--target-sparsity", "--gpu-memory"},
-      {"--json", "--ignore-eos", "--help", "--oracle"},
-      {{"-m", "--model"},
-       {"-p", "--prompt"},
-       {"-n", "--n-predict"},
-       {"-t", "--threads"},
-       {"-c", "--ctx"},
-       {"-h", "--help"}});
+  auto args =
+      Args::Parse(argc, argv,
+                  {"--model", "--prompt", "--n-predict", "--temp", "--top-k", "--top-p", "--min-p",
+                   "--repeat-penalty", "--frequency-penalty", "--presence-penalty", "--seed",
+                   "--threads", "--ctx", "--activation", "--sparse", "--sidecar",
+                   "--target-sparsity", "--gpu-memory", "--gpu-layers"},
+                  {"--json", "--ignore-eos", "--help", "--oracle"},
+                  {{"-m", "--model"},
+                   {"-p", "--prompt"},
+                   {"-n", "--n-predict"},
+                   {"-t", "--threads"},
+                   {"-c", "--ctx"},
+                   {"-h", "--help"}});
   if (!args.ok()) return Fail("generate", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);
     std::fputs(kSparseUsage, stdout);
+    std::fputs(kGpuLayersUsage, stdout);
     return 0;
   }
   auto prompt = args->Get("--prompt");
@@ -105,6 +107,11 @@ int RunGenerate(int argc, char** argv) {
     (*sparse)->set_session(session->get());
     (*session)->set_ffn_backend(sparse->get());
   }
+  auto gpu_layers = GpuLayersFromArgs(*args, **session, sparse->get());
+  if (!gpu_layers.ok()) {
+    return Fail("generate", gpu_layers.status(), absl::IsInvalidArgument(gpu_layers.status()));
+  }
+  if (*gpu_layers != nullptr) (*session)->set_layer_backend(gpu_layers->get());
 
   const Tokenizer& tok = (*model)->tokenizer();
   const std::vector<int32_t> prompt_ids = tok.Encode(*prompt, tok.add_bos());

@@ -7,7 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/gpu/gpu_layers.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/session.h"
 #include "engine/sparse/sparse_ffn.h"
 #include "engine/util/thread_pool.h"
 #include "tools/args.h"
@@ -52,5 +54,21 @@ constexpr char kSparseUsage[] =
 absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
                                                              const LlamaModel& model,
                                                              ThreadPool* pool, bool dense_prefill);
+
+// --gpu-layers N|auto (generate, bench): the -ngl-style dense offload.
+constexpr char kGpuLayersUsage[] =
+    "  --gpu-layers N|auto      dense whole layers on the GPU: the first N (auto: as many as fit\n"
+    "                           under --gpu-memory, all without it), the rest on the CPU; all\n"
+    "                           of them also puts the output head there (CUDA builds; without a\n"
+    "                           device everything stays on the CPU)\n";
+// The layer backend of --gpu-layers for `session`, or nullptr when the flag is absent, asks for
+// 0 layers, or there is no usable device (said on stderr; the run goes on on the CPU).
+// sparse: the session's sparse FFN, if any (its own GPU part cannot share --gpu-memory with
+// --gpu-layers: an InvalidArgumentError then).
+absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> GpuLayersFromArgs(const Args& args,
+                                                                  const Session& session,
+                                                                  const SparseFfn* sparse);
+// bench --gpu-compare (tools/cmd_bench_gpu.cc): hybrid sparse vs -ngl dense vs CPU decode.
+int RunBenchGpuCompare(const Args& args);
 
 }  // namespace thermocline::cli

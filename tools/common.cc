@@ -1,8 +1,10 @@
 // Pieces shared by the subcommands: error reporting and model loading from flags.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "engine/gpu/gpu_backend.h"
 #include "engine/util/thread_pool.h"
 #include "offline/sparse_loader.h"
 #include "tools/commands.h"
@@ -117,6 +119,39 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
   offline::SparseLoadOptions load;
   load.target_sparsity = *target;
   return SaidWhereGpuRuns(offline::LoadSparseFfn(sidecar, model, pool, options, load));
+}
+
+absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> GpuLayersFromArgs(const Args& args,
+                                                                  const Session& session,
+                                                                  const SparseFfn* sparse) {
+  auto text = args.Get("--gpu-layers");
+  if (!text) return std::unique_ptr<gpu::GpuLayers>();
+  absl::StatusOr<int64_t> requested = gpu::ParseGpuLayers(*text);
+  if (!requested.ok()) return requested.status();
+  auto cap = args.GetBytes("--gpu-memory", -1);
+  if (!cap.ok()) return cap.status();
+  if (sparse != nullptr && sparse->options().gpu && sparse->gpu_status().ok()) {
+    return absl::InvalidArgumentError(
+        "--gpu-layers puts dense whole layers on the GPU and the sparse FFN's GPU part would "
+        "need the same --gpu-memory: use --sparse off with --gpu-layers, or drop --gpu-layers "
+        "for the hybrid placement");
+  }
+  if (absl::StatusOr<gpu::DeviceInfo> device = gpu::Probe(); !device.ok()) {
+    std::fprintf(stderr, "thermocline: --gpu-layers: %s\n",
+                 std::string(device.status().message()).c_str());
+    return std::unique_ptr<gpu::GpuLayers>();
+  }
+  const uint64_t memory_cap =
+      *cap > 0 ? static_cast<uint64_t>(*cap) : gpu::MemoryBudget::kUnlimited;
+  absl::StatusOr<gpu::GpuLayersSpec> spec = gpu::PlanWholeLayers(
+      session.model(), *requested, session.n_ctx(), session.max_batch(), memory_cap);
+  if (!spec.ok()) return spec.status();
+  if (std::count(spec->layers.begin(), spec->layers.end(), 1) == 0) {
+    std::fprintf(stderr,
+                 "thermocline: --gpu-layers: no layer fits under --gpu-memory; all on the CPU\n");
+    return std::unique_ptr<gpu::GpuLayers>();
+  }
+  return gpu::CreateGpuLayers(*spec);
 }
 
 }  // namespace thermocline::cli

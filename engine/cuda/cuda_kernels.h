@@ -61,6 +61,8 @@ void GatedActivation(int act, float* gate, const float* up, const int32_t* count
 // out (n_head, head_dim); scores: (n_head, n_kv) scratch.
 void Attention(const float* q, const float* k, const float* v, int64_t n_kv, int64_t n_head,
                int64_t n_head_kv, int64_t head_dim, float* scores, float* out, cudaStream_t s);
+// x += y; (n).
+void Add(float* x, const float* y, int64_t n, cudaStream_t s);
 // h = max(0, h + b); (n).
 void BiasRelu(float* h, const float* b, int64_t n, cudaStream_t s);
 // idx = the k < n (ascending) with logits[k] + b2[table[k]] > threshold; *count = how many.

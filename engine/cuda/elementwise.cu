@@ -126,6 +126,11 @@ __global__ void AttentionKernel(const float* q, const float* k, const float* v, 
   }
 }
 
+__global__ void AddKernel(float* x, const float* y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
 __global__ void BiasReluKernel(float* h, const float* b, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) h[i] = fmaxf(0.0f, h[i] + b[i]);
@@ -189,6 +194,11 @@ void Attention(const float* q, const float* k, const float* v, int64_t n_kv, int
   if (n_head == 0 || n_kv == 0) return;
   AttentionKernel<<<static_cast<unsigned>(n_head), kThreads, 0, s>>>(
       q, k, v, n_kv, n_head, n_head / n_head_kv, head_dim, n_head_kv * head_dim, scores, out);
+}
+
+void Add(float* x, const float* y, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  AddKernel<<<Blocks(n, kThreads), kThreads, 0, s>>>(x, y, n);
 }
 
 void BiasRelu(float* h, const float* b, int64_t n, cudaStream_t s) {

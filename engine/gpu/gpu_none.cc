@@ -2,6 +2,7 @@
 // reports that there is no CUDA device, so callers fall back to the CPU.
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
+#include "engine/gpu/gpu_layers.h"
 #include "engine/gpu/gpu_ops.h"
 
 namespace thermocline::gpu {
@@ -24,6 +25,10 @@ absl::StatusOr<std::unique_ptr<GpuOps>> GpuOps::Create(uint64_t memory_cap, int 
 }
 
 absl::StatusOr<std::unique_ptr<GpuFfnExecutor>> CreateGpuFfnExecutor(const GpuFfnSpec& spec) {
+  return NoCuda();
+}
+
+absl::StatusOr<std::unique_ptr<GpuLayers>> CreateGpuLayers(const GpuLayersSpec& spec) {
   return NoCuda();
 }
 

@@ -71,12 +71,14 @@ absl::Status Session::Eval(absl::Span<const int32_t> tokens, float* all_logits) 
   }
   for (int64_t i = 0; i < n; i += max_batch_) {
     const int64_t chunk = std::min(max_batch_, n - i);
-    Forward(tokens.data() + i, chunk, all_logits ? all_logits + i * n_vocab : nullptr);
+    absl::Status s =
+        Forward(tokens.data() + i, chunk, all_logits ? all_logits + i * n_vocab : nullptr);
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-void Session::Forward(const int32_t* tokens, int64_t n, float* all_logits) {
+absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logits) {
   const LlamaHparams& h = model_.hparams();
   const int64_t d = h.n_embd;
   for (int64_t t = 0; t < n; ++t) {
@@ -91,27 +93,31 @@ void Session::Forward(const int32_t* tokens, int64_t n, float* all_logits) {
     }
   }
 
-  for (int64_t l = 0; l < h.n_layer; ++l) {
-    const LayerWeights& L = model_.layers()[l];
-    for (int64_t t = 0; t < n; ++t) {
-      RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
+  // Runs of consecutive layers the layer backend owns go to it in one call each; the rest (and
+  // everything without a backend) run here.
+  LayerBackend* lb = layer_backend_;
+  for (int64_t l = 0; l < h.n_layer;) {
+    if (lb == nullptr || !lb->Owns(l)) {
+      CpuLayer(static_cast<int>(l), n);
+      ++l;
+      continue;
     }
-    MatMul(*pool_, L.wq, xb_.data(), n, q_.data(), scratch_);
-    MatMul(*pool_, L.wk, xb_.data(), n, k_.data(), scratch_);
-    MatMul(*pool_, L.wv, xb_.data(), n, v_.data(), scratch_);
-    Attention(static_cast<int>(l), n);
-    MatMul(*pool_, L.wo, att_out_.data(), n, xb_.data(), scratch_);
-    for (int64_t i = 0; i < n * d; ++i) x_[i] += xb_[i];
-
-    for (int64_t t = 0; t < n; ++t) {
-      RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
+    int64_t end = l + 1;
+    while (end < h.n_layer && lb->Owns(end)) ++end;
+    if (end == h.n_layer && lb->Owns(h.n_layer)) {
+      float* out = all_logits != nullptr ? all_logits : logits_.data();
+      absl::Status s =
+          lb->Forward(l, end, x_.data(), n, n_past_, rope_.data(), out, all_logits != nullptr);
+      if (!s.ok()) return s;
+      if (all_logits != nullptr) {
+        std::copy(all_logits + (n - 1) * h.n_vocab, all_logits + n * h.n_vocab, logits_.begin());
+      }
+      n_past_ += n;
+      return absl::OkStatus();
     }
-    if (ffn_backend_ != nullptr) {
-      ffn_backend_->Forward(static_cast<int>(l), x_.data(), xb_.data(), n, ffn_out_.data());
-    } else {
-      DenseFfn(static_cast<int>(l), x_.data(), xb_.data(), n, ffn_out_.data());
-    }
-    for (int64_t i = 0; i < n * d; ++i) x_[i] += ffn_out_[i];
+    absl::Status s = lb->Forward(l, end, x_.data(), n, n_past_, rope_.data(), nullptr, false);
+    if (!s.ok()) return s;
+    l = end;
   }
 
   // Output head: every row when the caller wants all logits, else only the last token's.
@@ -126,6 +132,33 @@ void Session::Forward(const int32_t* tokens, int64_t n, float* all_logits) {
     MatMul(*pool_, model_.output(), xb_.data() + (n - 1) * d, 1, logits_.data(), scratch_);
   }
   n_past_ += n;
+  return absl::OkStatus();
+}
+
+// One layer on the CPU: attention and FFN with their residual adds, on x_: (n, n_embd).
+void Session::CpuLayer(int l, int64_t n) {
+  const LlamaHparams& h = model_.hparams();
+  const int64_t d = h.n_embd;
+  const LayerWeights& L = model_.layers()[l];
+  for (int64_t t = 0; t < n; ++t) {
+    RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
+  }
+  MatMul(*pool_, L.wq, xb_.data(), n, q_.data(), scratch_);
+  MatMul(*pool_, L.wk, xb_.data(), n, k_.data(), scratch_);
+  MatMul(*pool_, L.wv, xb_.data(), n, v_.data(), scratch_);
+  Attention(l, n);
+  MatMul(*pool_, L.wo, att_out_.data(), n, xb_.data(), scratch_);
+  for (int64_t i = 0; i < n * d; ++i) x_[i] += xb_[i];
+
+  for (int64_t t = 0; t < n; ++t) {
+    RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
+  }
+  if (ffn_backend_ != nullptr) {
+    ffn_backend_->Forward(l, x_.data(), xb_.data(), n, ffn_out_.data());
+  } else {
+    DenseFfn(l, x_.data(), xb_.data(), n, ffn_out_.data());
+  }
+  for (int64_t i = 0; i < n * d; ++i) x_[i] += ffn_out_[i];
 }
 
 void Session::DenseFfn(int layer, const float* x, const float* xn, int64_t n, float* out) {

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/ffn_backend.h"
+#include "engine/model/layer_backend.h"
 #include "engine/model/llama_model.h"
 #include "engine/ops/matmul.h"
 #include "engine/util/thread_pool.h"
@@ -54,13 +55,20 @@ class Session {
   // nullptr: the dense FFN. The backend must outlive its use by this session.
   void set_ffn_backend(FfnBackend* backend) { ffn_backend_ = backend; }
   FfnBackend* ffn_backend() const { return ffn_backend_; }
+  // nullptr: every layer on the CPU. Otherwise the layers the backend owns run there (with their
+  // KV cache; the observer does not see them) and the rest here. The backend must outlive its
+  // use by this session and be built for its n_ctx and max_batch.
+  void set_layer_backend(LayerBackend* backend) { layer_backend_ = backend; }
+  LayerBackend* layer_backend() const { return layer_backend_; }
+  int64_t max_batch() const { return max_batch_; }
   // The dense FFN of `layer` (the reference every backend is compared to):
   // out: (n_tokens, n_embd) from xn: (n_tokens, n_embd) after ffn_norm, x before it.
   void DenseFfn(int layer, const float* x, const float* xn, int64_t n_tokens, float* out);
 
  private:
   Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch);
-  void Forward(const int32_t* tokens, int64_t n, float* all_logits);
+  absl::Status Forward(const int32_t* tokens, int64_t n, float* all_logits);
+  void CpuLayer(int layer, int64_t n);
   void Attention(int layer, int64_t n);
 
   const LlamaModel& model_;
@@ -70,6 +78,7 @@ class Session {
   int64_t n_past_ = 0;
   FfnObserver* observer_ = nullptr;
   FfnBackend* ffn_backend_ = nullptr;
+  LayerBackend* layer_backend_ = nullptr;
 
   std::vector<float> k_cache_;   // (n_layer, n_ctx, kv_dim)
   std::vector<float> v_cache_;   // (n_layer, n_ctx, kv_dim)

@@ -1,0 +1,323 @@
+// GpuLayers on CUDA (engine/gpu/gpu_layers.h): the weights, norms and KV cache of the GPU layers
+// (and the output head) resident in device memory, one stream, pinned host buffers for the
+// residual stream, the FFN's host round trip and the logits. Every buffer is sized in Init from
+// ScratchOf / ComputeGpuLayersMemory, so Forward never allocates. Tokens of a batch go through
+// the mat-vec kernels one at a time (prefill correctness first; no cuBLAS here).
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/cuda_common.h"
+#include "engine/cuda/device_arena.h"
+#include "engine/gpu/gpu_backend.h"
+#include "engine/gpu/gpu_layers.h"
+
+namespace thermocline::gpu {
+namespace {
+
+using cuda::DeviceArena;
+using cuda::DevMatrix;
+using cuda::UsesQ8Activations;
+
+struct DevLayer {
+  bool on = false;
+  DevMatrix wq, wk, wv, wo, gate, up, down;
+  const float* attn_norm = nullptr;  // (n_embd)
+  const float* ffn_norm = nullptr;   // (n_embd)
+  float* k_cache = nullptr;          // (n_ctx, kv_dim)
+  float* v_cache = nullptr;          // (n_ctx, kv_dim)
+};
+
+class CudaGpuLayers : public GpuLayers {
+ public:
+  explicit CudaGpuLayers(const GpuLayersSpec& spec)
+      : spec_(spec), h_(spec.model->hparams()), budget_(spec.memory_cap), arena_(&budget_) {}
+  ~CudaGpuLayers() override {
+    if (stream_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    }
+    for (float* p : {h_in_, h_xn_, h_out_, h_logits_}) {
+      if (p != nullptr) cudaFreeHost(p);
+    }
+  }
+
+  absl::Status Init();
+  bool Owns(int64_t layer) const override {
+    if (layer == h_.n_layer) return output_;
+    return layer >= 0 && layer < h_.n_layer && layers_[layer].on;
+  }
+  absl::Status Forward(int64_t first, int64_t last, float* x, int64_t n, int64_t pos,
+                       const float* cos_sin, float* logits, bool all_rows) override;
+  uint64_t device_bytes() const override { return arena_.bytes(); }
+
+ private:
+  // The activations a mat-vec of m reads: x itself, or x quantized to Q8_0 into xq_ (launched
+  // here, so call it right before the mat-vecs that read it).
+  const void* Input(const DevMatrix& m, const float* x, int64_t n) {
+    if (!UsesQ8Activations(m.type)) return x;
+    if (quantized_ != x) cuda::QuantizeQ8_0(x, n, d_xq_, stream_);
+    quantized_ = x;
+    return d_xq_;
+  }
+  void MatVec(const DevMatrix& m, const float* x, float* y) {
+    cuda::MatVec(m, Input(m, x, m.cols), nullptr, nullptr, m.rows, y, stream_);
+  }
+  // Token t of the chunk at position p: x_t += attention(norm(x_t)); K, V stored at row p.
+  void Attention(const DevLayer& L, int64_t t, int64_t p);
+  // x_t += FFN(norm(x_t)), dense on the device.
+  void DenseFfn(const DevLayer& L, int64_t t);
+  // The FFN of tokens 0..m-1 through spec_.host_ffn: x and xn down, the output back up.
+  absl::Status HostFfn(int layer, const DevLayer& L, int64_t m);
+  // Logits of token t into host row out.
+  absl::Status Head(int64_t t, float* out);
+
+  GpuLayersSpec spec_;
+  const LlamaHparams& h_;
+  MemoryBudget budget_;
+  DeviceArena arena_;
+  std::vector<DevLayer> layers_;
+  const float* out_norm_ = nullptr;
+  DevMatrix output_w_;
+  int64_t batch_ = 1;
+  const float* quantized_ = nullptr;  // whose Q8_0 copy d_xq_ holds (stream order)
+
+  // Device scratch (ScratchOf).
+  float *d_x_ = nullptr, *d_rope_ = nullptr, *d_xn_ = nullptr, *d_q_ = nullptr, *d_att_ = nullptr;
+  float *d_tmp_ = nullptr, *d_gate_ = nullptr, *d_up_ = nullptr, *d_scores_ = nullptr;
+  float* d_logits_ = nullptr;
+  void* d_xq_ = nullptr;
+  // Pinned host buffers: x in and out plus the RoPE table, (batch, n_embd + rope_dim); the host
+  // FFN's xn and output, (batch, n_embd) each; logits (n_vocab).
+  float *h_in_ = nullptr, *h_xn_ = nullptr, *h_out_ = nullptr, *h_logits_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+absl::Status CudaGpuLayers::Init() {
+  const LlamaModel& m = *spec_.model;
+  const int64_t kv_elems = spec_.n_ctx * h_.kv_dim();
+  layers_.resize(h_.n_layer);
+  for (int64_t l = 0; l < h_.n_layer; ++l) {
+    if (!spec_.layers[l]) continue;
+    const LayerWeights& W = m.layers()[l];
+    DevLayer& L = layers_[l];
+    const std::string name = absl::StrCat("layer ", l, " ");
+    struct Item {
+      const WeightView* w;
+      DevMatrix* d;
+      const char* what;
+    };
+    std::vector<Item> items = {
+        {&W.wq, &L.wq, "wq"}, {&W.wk, &L.wk, "wk"}, {&W.wv, &L.wv, "wv"}, {&W.wo, &L.wo, "wo"}};
+    if (spec_.host_ffn == nullptr) {
+      items.push_back({&W.ffn_gate, &L.gate, "ffn_gate"});
+      items.push_back({&W.ffn_up, &L.up, "ffn_up"});
+      items.push_back({&W.ffn_down, &L.down, "ffn_down"});
+    }
+    for (const Item& it : items) {
+      absl::StatusOr<DevMatrix> d = cuda::UploadRows(arena_, *it.w, {}, name + it.what);
+      if (!d.ok()) return d.status();
+      *it.d = *d;
+    }
+    absl::StatusOr<void*> an = arena_.Upload(W.attn_norm.data(), h_.n_embd * 4, name + "norm");
+    if (!an.ok()) return an.status();
+    absl::StatusOr<void*> fn = arena_.Upload(W.ffn_norm.data(), h_.n_embd * 4, name + "norm");
+    if (!fn.ok()) return fn.status();
+    absl::StatusOr<float*> k = arena_.AllocateArray<float>(kv_elems, name + "K cache");
+    if (!k.ok()) return k.status();
+    absl::StatusOr<float*> v = arena_.AllocateArray<float>(kv_elems, name + "V cache");
+    if (!v.ok()) return v.status();
+    L.attn_norm = static_cast<const float*>(*an);
+    L.ffn_norm = static_cast<const float*>(*fn);
+    L.k_cache = *k;
+    L.v_cache = *v;
+    L.on = true;
+    ++n_gpu_layers_;
+  }
+  const GpuLayersScratch s = ScratchOf(spec_);
+  if (spec_.output) {
+    absl::StatusOr<void*> on = arena_.Upload(m.output_norm().data(), h_.n_embd * 4, "output norm");
+    if (!on.ok()) return on.status();
+    absl::StatusOr<DevMatrix> w = cuda::UploadRows(arena_, m.output(), {}, "output head");
+    if (!w.ok()) return w.status();
+    absl::StatusOr<float*> lg = arena_.AllocateArray<float>(s.logits, "logits");
+    if (!lg.ok()) return lg.status();
+    out_norm_ = static_cast<const float*>(*on);
+    output_w_ = *w;
+    d_logits_ = *lg;
+    output_ = true;
+  }
+  struct Buf {
+    float** p;
+    int64_t n;
+    const char* what;
+  };
+  for (const Buf& b : {Buf{&d_x_, s.x, "x"}, Buf{&d_rope_, s.rope, "rope"}, Buf{&d_xn_, s.xn, "xn"},
+                       Buf{&d_q_, s.q, "q"}, Buf{&d_att_, s.att, "att"}, Buf{&d_tmp_, s.tmp, "tmp"},
+                       Buf{&d_gate_, s.gate, "gate"}, Buf{&d_up_, s.up, "up"},
+                       Buf{&d_scores_, s.scores, "scores"}}) {
+    absl::StatusOr<float*> p =
+        arena_.AllocateArray<float>(b.n, absl::StrCat("GPU layers scratch (", b.what, ")"));
+    if (!p.ok()) return p.status();
+    *b.p = *p;
+  }
+  absl::StatusOr<void*> xq = arena_.Allocate(s.xq_bytes, "GPU layers scratch (q8 activations)");
+  if (!xq.ok()) return xq.status();
+  d_xq_ = *xq;
+  TC_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "the upload of the GPU layers");
+
+  batch_ = std::max<int64_t>(spec_.max_batch, 1);
+  const int64_t rope = std::max<int64_t>(h_.rope_dim, 1);
+  TC_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&h_in_, batch_ * (h_.n_embd + rope) * 4, cudaHostAllocDefault), "pinned x");
+  if (spec_.host_ffn != nullptr) {
+    TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_xn_, batch_ * h_.n_embd * 4, cudaHostAllocDefault),
+                            "pinned xn");
+    TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_out_, batch_ * h_.n_embd * 4, cudaHostAllocDefault),
+                            "pinned FFN output");
+  }
+  if (output_) {
+    TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_logits_, h_.n_vocab * 4, cudaHostAllocDefault),
+                            "pinned logits");
+  }
+  TC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                          "cudaStreamCreate");
+  return absl::OkStatus();
+}
+
+void CudaGpuLayers::Attention(const DevLayer& L, int64_t t, int64_t p) {
+  const int64_t d = h_.n_embd, kv_dim = h_.kv_dim();
+  float* x = d_x_ + t * d;
+  float* xn = d_xn_ + t * d;
+  const float* cs = d_rope_ + t * std::max<int64_t>(h_.rope_dim, 1);
+  float* k = L.k_cache + p * kv_dim;
+  float* v = L.v_cache + p * kv_dim;
+  cuda::RmsNorm(x, L.attn_norm, d, h_.rms_eps, xn, stream_);
+  quantized_ = nullptr;
+  MatVec(L.wq, xn, d_q_);
+  MatVec(L.wk, xn, k);
+  MatVec(L.wv, xn, v);
+  cuda::Rope(d_q_, h_.n_head, h_.head_dim, h_.rope_dim, cs, stream_);
+  cuda::Rope(k, h_.n_head_kv, h_.head_dim, h_.rope_dim, cs, stream_);
+  cuda::Attention(d_q_, L.k_cache, L.v_cache, p + 1, h_.n_head, h_.n_head_kv, h_.head_dim,
+                  d_scores_, d_att_, stream_);
+  quantized_ = nullptr;
+  MatVec(L.wo, d_att_, d_tmp_);
+  cuda::Add(x, d_tmp_, d, stream_);
+}
+
+void CudaGpuLayers::DenseFfn(const DevLayer& L, int64_t t) {
+  const int64_t d = h_.n_embd;
+  float* x = d_x_ + t * d;
+  float* xn = d_xn_ + t * d;
+  cuda::RmsNorm(x, L.ffn_norm, d, h_.rms_eps, xn, stream_);
+  quantized_ = nullptr;
+  MatVec(L.gate, xn, d_gate_);
+  MatVec(L.up, xn, d_up_);
+  cuda::GatedActivation(static_cast<int>(h_.activation), d_gate_, d_up_, nullptr, h_.n_ff, 0.0f,
+                        nullptr, stream_);
+  quantized_ = nullptr;
+  MatVec(L.down, d_gate_, d_tmp_);
+  cuda::Add(x, d_tmp_, d, stream_);
+}
+
+absl::Status CudaGpuLayers::HostFfn(int layer, const DevLayer& L, int64_t m) {
+  const int64_t d = h_.n_embd;
+  for (int64_t t = 0; t < m; ++t) {
+    cuda::RmsNorm(d_x_ + t * d, L.ffn_norm, d, h_.rms_eps, d_xn_ + t * d, stream_);
+  }
+  cudaMemcpyAsync(h_in_, d_x_, m * d * 4, cudaMemcpyDeviceToHost, stream_);
+  cudaMemcpyAsync(h_xn_, d_xn_, m * d * 4, cudaMemcpyDeviceToHost, stream_);
+  TC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "the GPU layers (FFN input)");
+  spec_.host_ffn->Forward(layer, h_in_, h_xn_, m, h_out_);
+  cudaMemcpyAsync(d_xn_, h_out_, m * d * 4, cudaMemcpyHostToDevice, stream_);
+  cuda::Add(d_x_, d_xn_, m * d, stream_);
+  return absl::OkStatus();
+}
+
+absl::Status CudaGpuLayers::Head(int64_t t, float* out) {
+  const int64_t d = h_.n_embd;
+  cuda::RmsNorm(d_x_ + t * d, out_norm_, d, h_.rms_eps, d_xn_ + t * d, stream_);
+  quantized_ = nullptr;
+  MatVec(output_w_, d_xn_ + t * d, d_logits_);
+  cudaMemcpyAsync(h_logits_, d_logits_, h_.n_vocab * 4, cudaMemcpyDeviceToHost, stream_);
+  TC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "the GPU output head");
+  std::memcpy(out, h_logits_, h_.n_vocab * 4);
+  return absl::OkStatus();
+}
+
+absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64_t n, int64_t pos,
+                                    const float* cos_sin, float* logits, bool all_rows) {
+  if (first < 0 || last > h_.n_layer || first >= last || n < 0 || pos < 0 ||
+      pos + n > spec_.n_ctx || (logits != nullptr && (last != h_.n_layer || !output_))) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU layers: bad call: layers [", first, ", ",
+                                                   last, "), ", n, " tokens at ", pos, ", context ",
+                                                   spec_.n_ctx));
+  }
+  for (int64_t l = first; l < last; ++l) {
+    if (!layers_[l].on) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPU layers: layer ", l, " is not on the GPU"));
+    }
+  }
+  const int64_t d = h_.n_embd, rope = std::max<int64_t>(h_.rope_dim, 1);
+  for (int64_t c0 = 0; c0 < n; c0 += batch_) {
+    const int64_t m = std::min(batch_, n - c0);
+    // One pinned staging buffer: x rows, then the RoPE rows.
+    std::memcpy(h_in_, x + c0 * d, m * d * 4);
+    std::memcpy(h_in_ + batch_ * d, cos_sin + c0 * h_.rope_dim, m * h_.rope_dim * 4);
+    cudaMemcpyAsync(d_x_, h_in_, m * d * 4, cudaMemcpyHostToDevice, stream_);
+    cudaMemcpyAsync(d_rope_, h_in_ + batch_ * d, m * rope * 4, cudaMemcpyHostToDevice, stream_);
+    for (int64_t l = first; l < last; ++l) {
+      const DevLayer& L = layers_[l];
+      if (spec_.host_ffn != nullptr) {
+        for (int64_t t = 0; t < m; ++t) Attention(L, t, pos + c0 + t);
+        TC_RETURN_IF_ERROR(HostFfn(static_cast<int>(l), L, m));
+      } else {
+        for (int64_t t = 0; t < m; ++t) {
+          Attention(L, t, pos + c0 + t);
+          DenseFfn(L, t);
+        }
+      }
+    }
+    if (logits != nullptr) {
+      for (int64_t t = 0; t < m; ++t) {
+        if (all_rows) {
+          TC_RETURN_IF_ERROR(Head(t, logits + (c0 + t) * h_.n_vocab));
+        } else if (c0 + t == n - 1) {
+          TC_RETURN_IF_ERROR(Head(t, logits));
+        }
+      }
+    } else {
+      cudaMemcpyAsync(h_in_, d_x_, m * d * 4, cudaMemcpyDeviceToHost, stream_);
+      TC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "the GPU layers");
+      std::memcpy(x + c0 * d, h_in_, m * d * 4);
+    }
+  }
+  TC_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "the GPU layers' launches");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GpuLayers>> CreateGpuLayers(const GpuLayersSpec& spec) {
+  if (spec.model == nullptr) return absl::InvalidArgumentError("GPU layers: no model");
+  const LlamaHparams& h = spec.model->hparams();
+  if (static_cast<int64_t>(spec.layers.size()) != h.n_layer || spec.n_ctx <= 0 ||
+      spec.max_batch <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU layers: need one flag per layer (",
+                                                   h.n_layer, "), a positive context and batch"));
+  }
+  if (spec.output && (h.n_layer == 0 || !spec.layers[h.n_layer - 1])) {
+    return absl::InvalidArgumentError(
+        "GPU layers: the output head needs the last layer on the GPU");
+  }
+  absl::StatusOr<DeviceInfo> info = Probe(spec.device);
+  if (!info.ok()) return info.status();
+  auto layers = std::make_unique<CudaGpuLayers>(spec);
+  TC_RETURN_IF_ERROR(layers->Init());
+  return layers;
+}
+
+}  // namespace thermocline::gpu

@@ -1,0 +1,139 @@
+// The device memory of whole GPU layers and the -ngl plan: plain arithmetic, no CUDA.
+#include "engine/gpu/gpu_layers.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/ops/ggml_types.h"
+
+namespace thermocline::gpu {
+namespace {
+
+// What DeviceArena accounts for an allocation of `bytes` (0 bytes still takes one granule).
+uint64_t Granules(uint64_t bytes) { return MemoryBudget::Rounded(std::max<uint64_t>(bytes, 1)); }
+
+uint64_t MatrixBytes(const WeightView& w) {
+  return Granules(static_cast<uint64_t>(w.rows) * RowBytes(w.type, w.cols));
+}
+
+// The types engine/cuda has kernels for (gpu_ops.h TypeSupported, which needs the backend).
+bool HasKernels(const WeightView& w) {
+  switch (w.type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+      return true;
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+      return w.cols % 32 == 0;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+GpuLayersScratch ScratchOf(const GpuLayersSpec& spec) {
+  const LlamaHparams& h = spec.model->hparams();
+  const int64_t b = std::max<int64_t>(spec.max_batch, 1);
+  GpuLayersScratch s;
+  s.x = b * h.n_embd;
+  s.rope = b * std::max<int64_t>(h.rope_dim, 1);
+  s.xn = b * h.n_embd;
+  s.q = h.q_dim();
+  s.att = h.q_dim();
+  s.tmp = h.n_embd;
+  s.gate = spec.host_ffn == nullptr ? h.n_ff : 0;
+  s.up = s.gate;
+  s.scores = h.n_head * spec.n_ctx;
+  s.xq_bytes = std::max({h.n_embd, h.q_dim(), h.n_ff}) / 32 * 34;
+  s.logits = spec.output ? h.n_vocab : 0;
+  return s;
+}
+
+uint64_t GpuLayersMemory::Total(const GpuLayersSpec& spec) const {
+  uint64_t total = scratch + (spec.output ? output : 0);
+  for (size_t l = 0; l < layer.size() && l < spec.layers.size(); ++l) {
+    if (spec.layers[l]) total += layer[l];
+  }
+  return total;
+}
+
+GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec) {
+  const LlamaModel& m = *spec.model;
+  const LlamaHparams& h = m.hparams();
+  const GpuLayersScratch s = ScratchOf(spec);
+  GpuLayersMemory mem;
+  for (int64_t n : {s.x, s.rope, s.xn, s.q, s.att, s.tmp, s.gate, s.up, s.scores}) {
+    mem.scratch += Granules(n * sizeof(float));
+  }
+  mem.scratch += Granules(s.xq_bytes);
+  const uint64_t norm = Granules(h.n_embd * sizeof(float));
+  const uint64_t kv = Granules(static_cast<uint64_t>(spec.n_ctx) * h.kv_dim() * sizeof(float));
+  for (const LayerWeights& L : m.layers()) {
+    uint64_t bytes = 2 * norm + 2 * kv;
+    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) bytes += MatrixBytes(*w);
+    if (spec.host_ffn == nullptr) {
+      for (const WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down}) bytes += MatrixBytes(*w);
+    }
+    mem.layer.push_back(bytes);
+  }
+  mem.output = norm + MatrixBytes(m.output()) + Granules(h.n_vocab * sizeof(float));
+  return mem;
+}
+
+absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text) {
+  if (text == "auto") return kAutoLayers;
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(text, &n) || n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu-layers ", text, ": use a number of layers (0 or more) or auto (as many as fit)"));
+  }
+  return n;
+}
+
+absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t requested,
+                                              int64_t n_ctx, int64_t max_batch,
+                                              uint64_t memory_cap) {
+  const int64_t n_layer = model.hparams().n_layer;
+  for (int64_t l = 0; l < n_layer; ++l) {
+    const LayerWeights& L = model.layers()[l];
+    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+      if (!HasKernels(*w)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--gpu-layers: layer ", l, " has ", TypeName(w->type),
+                         " weights, which have no CUDA kernels (f32, f16, bf16, q8_0, q4_0 do)"));
+      }
+    }
+  }
+  GpuLayersSpec spec;
+  spec.model = &model;
+  spec.layers.assign(n_layer, 0);
+  spec.n_ctx = n_ctx;
+  spec.max_batch = max_batch;
+  spec.memory_cap = memory_cap;
+  const GpuLayersMemory mem = ComputeGpuLayersMemory(spec);
+  int64_t n = 0;
+  if (requested == kAutoLayers) {
+    uint64_t used = mem.scratch;
+    while (n < n_layer && used + mem.layer[n] <= memory_cap) used += mem.layer[n++];
+    spec.output = n == n_layer && HasKernels(model.output()) && used + mem.output <= memory_cap;
+  } else {
+    n = std::min(requested, n_layer);
+    spec.output = n == n_layer && HasKernels(model.output());
+  }
+  for (int64_t l = 0; l < n; ++l) spec.layers[l] = 1;
+  if (n == 0) spec.output = false;
+  const uint64_t total = n == 0 ? 0 : mem.Total(spec);
+  if (total > memory_cap) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--gpu-layers ", n, " needs ", total >> 20, " MiB of GPU memory (", mem.layer[0] >> 20,
+        " MiB per layer with its KV cache of ", n_ctx, " positions, ", mem.scratch >> 20,
+        " MiB scratch), more than the --gpu-memory cap of ", memory_cap >> 20,
+        " MiB; use fewer layers, auto, or a shorter context"));
+  }
+  return spec;
+}
+
+}  // namespace thermocline::gpu

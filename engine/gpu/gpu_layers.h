@@ -1,0 +1,82 @@
+// Whole layers on the GPU (engine/model/layer_backend.h), CUDA-free: the -ngl-style dense
+// offload (the first N layers on the GPU, the rest on the CPU), full offload with the output
+// head, and the hybrid layer (attention on the GPU, the FFN through a host FfnBackend such as
+// SparseFfn, whose own GPU executor holds the hot neurons). What a set of GPU layers needs on the
+// device is computed here without CUDA (GpuLayersMemory), so how many whole layers fit under a
+// cap is decided, and tested, on any machine; the CUDA backend allocates exactly these sizes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/gpu/gpu_memory.h"
+#include "engine/model/ffn_backend.h"
+#include "engine/model/layer_backend.h"
+#include "engine/model/llama_model.h"
+
+namespace thermocline::gpu {
+
+struct GpuLayersSpec {
+  const LlamaModel* model = nullptr;
+  std::vector<uint8_t> layers;  // (n_layer) 1: the layer runs on the GPU
+  bool output = false;          // the output norm and head too (needs the last layer on the GPU)
+  int64_t n_ctx = 0;            // the session's KV cache length
+  int64_t max_batch = 1;        // the session's tokens per forward pass
+  // nullptr: the FFN of a GPU layer runs dense on the GPU. Otherwise it runs through this host
+  // backend (the layer's x and xn go to the host once, the FFN output comes back once): the
+  // hybrid layer. Must outlive the GpuLayers.
+  FfnBackend* host_ffn = nullptr;
+  uint64_t memory_cap = MemoryBudget::kUnlimited;
+  int device = 0;
+};
+
+// Device bytes of a spec, each allocation rounded as MemoryBudget accounts it.
+struct GpuLayersMemory {
+  uint64_t scratch = 0;         // per-token buffers, shared by all GPU layers
+  std::vector<uint64_t> layer;  // (n_layer) weights + norms + KV cache of layer l
+  uint64_t output = 0;          // output norm + head + logits
+  uint64_t Total(const GpuLayersSpec& spec) const;
+};
+GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec);
+
+// The scratch sizes the CUDA backend allocates (elements unless named *_bytes); one definition
+// for the estimate above and the allocation.
+struct GpuLayersScratch {
+  int64_t x = 0, rope = 0, xn = 0, q = 0, att = 0, tmp = 0, gate = 0, up = 0, scores = 0;
+  int64_t xq_bytes = 0;  // Q8_0 blocks of the longest activation
+  int64_t logits = 0;    // 0 without the output head
+};
+GpuLayersScratch ScratchOf(const GpuLayersSpec& spec);
+
+// --gpu-layers: "auto", or a whole number >= 0 (clamped to n_layer by the caller). kAuto: as
+// many as fit.
+constexpr int64_t kAutoLayers = -1;
+absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text);
+
+// The -ngl plan: the first n layers on the GPU, n as many as fit under memory_cap with a dense
+// FFN (spec.host_ffn null) when requested == kAutoLayers, else min(requested, n_layer); the
+// output head too when every layer is on the GPU and it fits. ResourceExhaustedError naming the
+// sizes when a requested count does not fit.
+absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t requested,
+                                              int64_t n_ctx, int64_t max_batch,
+                                              uint64_t memory_cap);
+
+// A spec's layers on the device, as a Session layer backend; per session (it holds the KV cache
+// of its layers). UnavailableError without a CUDA device, ResourceExhaustedError past the cap,
+// InvalidArgumentError for shapes or weight types the kernels lack.
+class GpuLayers : public LayerBackend {
+ public:
+  virtual uint64_t device_bytes() const = 0;
+  int64_t n_gpu_layers() const { return n_gpu_layers_; }
+  bool output_on_gpu() const { return output_; }
+
+ protected:
+  int64_t n_gpu_layers_ = 0;
+  bool output_ = false;
+};
+absl::StatusOr<std::unique_ptr<GpuLayers>> CreateGpuLayers(const GpuLayersSpec& spec);
+
+}  // namespace thermocline::gpu
