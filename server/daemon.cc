@@ -59,8 +59,11 @@ absl::Status RunDaemon(const ServerConfig& config) {
   signal(SIGPIPE, SIG_IGN);
 
   Metrics metrics;
-  ModelRegistry registry(config.models);
+  ModelRegistry registry(config.models, config.model_memory_budget);
   Scheduler scheduler(config, &metrics);
+  // Unloaded models leave the idle slots at once (their memory is freed unless a request holds
+  // them); busy slots let go after their job.
+  registry.set_unload_listener([&scheduler] { scheduler.ReleaseUnloaded(); });
   HttpFrontEnd http(config, &registry, &metrics);
   // Registered models (state directory): restored before the front end listens. Without a
   // usable state directory the daemon still serves its configured models.
@@ -87,7 +90,7 @@ absl::Status RunDaemon(const ServerConfig& config) {
                *port, config.slots, config.threads_per_slot, config.queue);
   std::unique_ptr<GrpcFrontEnd> grpc;
   if (config.grpc_port >= 0) {
-    grpc = std::make_unique<GrpcFrontEnd>(config, &registry, manager.get());
+    grpc = std::make_unique<GrpcFrontEnd>(config, &registry, manager.get(), &metrics);
     auto grpc_port = grpc->Start();
     if (!grpc_port.ok()) return grpc_port.status();
     std::printf("thermocline: grpc listening on %s:%d\n", config.host.c_str(), *grpc_port);
@@ -113,7 +116,6 @@ absl::Status RunDaemon(const ServerConfig& config) {
       spdlog::error("{}", std::string(s.message()));
       return fail(s);
     }
-    metrics.SetModelsReady(static_cast<int64_t>(registry.models().size()));
     http.SetScheduler(&scheduler);
     if (grpc) grpc->SetScheduler(&scheduler);
     spdlog::info("ready");

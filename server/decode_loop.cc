@@ -23,14 +23,44 @@ bool Contains(const std::vector<int32_t>& v, int32_t id) {
 DecodeLoop::DecodeLoop(const DecodeLoopOptions& options, Metrics* metrics)
     : options_(options), metrics_(metrics), pool_(std::max(1, options.threads)) {}
 
-absl::Status DecodeLoop::AddModel(const ServedModel& model) {
+absl::Status DecodeLoop::AddModel(const std::shared_ptr<const LoadedModel>& model) {
   auto session = Prepare(model);
+  Finish();
   return session.ok() ? absl::OkStatus() : session.status();
 }
 
-absl::StatusOr<Session*> DecodeLoop::Prepare(const ServedModel& model) {
-  if (static_cast<size_t>(model.index) >= models_.size()) models_.resize(model.index + 1);
-  PerModel& m = models_[model.index];
+void DecodeLoop::Drop(PerModel& m) {
+  if (m.session != nullptr) m.session->set_ffn_backend(nullptr);
+  m.sparse.reset();
+  m.source.reset();
+  m.session.reset();
+  m.model.reset();
+}
+
+void DecodeLoop::ReleaseUnloaded() {
+  std::lock_guard<std::mutex> lock(models_mu_);
+  for (size_t i = 0; i < models_.size(); ++i) {
+    PerModel& m = models_[i];
+    if (static_cast<int>(i) != running_ && m.model != nullptr && m.model->unloaded()) Drop(m);
+  }
+}
+
+void DecodeLoop::Finish() {
+  {
+    std::lock_guard<std::mutex> lock(models_mu_);
+    running_ = -1;
+  }
+  ReleaseUnloaded();
+}
+
+absl::StatusOr<Session*> DecodeLoop::Prepare(const std::shared_ptr<const LoadedModel>& loaded) {
+  const LoadedModel& model = *loaded;
+  const size_t index = static_cast<size_t>(model.served->index);
+  std::lock_guard<std::mutex> lock(models_mu_);
+  running_ = static_cast<int>(index);
+  if (index >= models_.size()) models_.resize(index + 1);
+  PerModel& m = models_[index];
+  if (m.model != loaded) Drop(m);  // a session of an earlier load of the model
   if (m.session == nullptr) {
     SessionOptions so;
     so.n_ctx = model.n_ctx;
@@ -38,11 +68,12 @@ absl::StatusOr<Session*> DecodeLoop::Prepare(const ServedModel& model) {
     auto session = Session::Create(*model.model, &pool_, so);
     if (!session.ok()) return session.status();
     m.session = std::move(*session);
+    m.model = loaded;
     const size_t n_vocab = static_cast<size_t>(model.model->hparams().n_vocab);
     raw_logits_.resize(std::max(raw_logits_.size(), n_vocab));
     history_.reserve(std::max<size_t>(history_.capacity(), model.n_ctx));
   }
-  std::shared_ptr<const SparseSource> source = model.sparse_source();
+  std::shared_ptr<const SparseSource> source = model.served->sparse_source();
   if (source != m.source) {
     m.session->set_ffn_backend(nullptr);
     m.sparse.reset();
@@ -61,7 +92,7 @@ absl::StatusOr<Session*> DecodeLoop::Prepare(const ServedModel& model) {
       } else {
         // Checked by the registry before it was published; serve dense rather than fail.
         spdlog::error("model '{}': cannot serve sparse from {}: {}; serving dense",
-                      model.config.name, source->path, std::string(ffn.status().message()));
+                      model.config().name, source->path, std::string(ffn.status().message()));
       }
     }
   }
@@ -79,6 +110,7 @@ DecodeLoop::Outcome DecodeLoop::Run(Job& job) {
   } else {
     out.reason = Generate(job, &out.stats, &out.error);
   }
+  Finish();
   if (out.reason == FinishReason::kCancelled) metrics_->CountCancellation(job.cancel_reason());
   out.stats.total_seconds = Seconds(Clock::now() - job.arrival);
   metrics_->ObserveRequestDuration(out.stats.total_seconds);
@@ -87,9 +119,9 @@ DecodeLoop::Outcome DecodeLoop::Run(Job& job) {
 
 FinishReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* error) {
   const GenerationRequest& r = job.request;
-  const ServedModel& served = *job.model;
+  const LoadedModel& served = *job.model;
   const Tokenizer& tok = served.tokenizer();
-  auto prepared = Prepare(served);
+  auto prepared = Prepare(job.model.shared());
   if (!prepared.ok()) {
     *error = prepared.status();
     return FinishReason::kError;

@@ -3,10 +3,13 @@
 // AddModel), and runs the jobs the scheduler hands it: prefill, then sample / detokenize /
 // stop-string filter / stream each token, with cancellation and the deadline checked after
 // every token. Between jobs it picks up a model's new sparse source (its own SparseFfn, which
-// has per-token buffers) or drops it to serve dense. It never decides what runs.
+// has per-token buffers) or drops it to serve dense, and drops the sessions of models the
+// registry has unloaded (each session shares ownership of its loaded model, so that is when
+// their memory can go). It never decides what runs.
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,7 @@
 namespace thermocline::server {
 
 struct SparseSource;
+struct LoadedModel;
 
 struct DecodeLoopOptions {
   int threads = 1;
@@ -32,7 +36,11 @@ class DecodeLoop {
  public:
   DecodeLoop(const DecodeLoopOptions& options, Metrics* metrics);
   // Creates the model's session (index = ServedModel::index) now rather than on its first job.
-  absl::Status AddModel(const ServedModel& model);
+  absl::Status AddModel(const std::shared_ptr<const LoadedModel>& model);
+  // Drops the sessions of models the registry has unloaded (and with them the slot's share of
+  // their weights), but the one a job runs on now: Run drops that one when the job ends.
+  // Thread-safe (one lock per call; Run takes it twice per job, never per token).
+  void ReleaseUnloaded();
 
   struct Outcome {
     FinishReason reason = FinishReason::kStop;
@@ -46,7 +54,8 @@ class DecodeLoop {
 
  private:
   // The model's session with the backend of its current sparse source; created on first use.
-  absl::StatusOr<Session*> Prepare(const ServedModel& model);
+  // Marks it running (until Finish).
+  absl::StatusOr<Session*> Prepare(const std::shared_ptr<const LoadedModel>& model);
   FinishReason Generate(Job& job, GenerationStats* stats, absl::Status* error);
   // Emits text and the logprobs of the tokens whose text has been fully emitted (all pending
   // ones when `final`). False when the sink says stop.
@@ -56,11 +65,17 @@ class DecodeLoop {
   Metrics* metrics_;
   ThreadPool pool_;
   struct PerModel {
+    std::shared_ptr<const LoadedModel> model;  // what `session` runs; declared first: freed last
     std::unique_ptr<Session> session;
     std::unique_ptr<SparseFfn> sparse;           // null: dense
     std::shared_ptr<const SparseSource> source;  // what `sparse` was built from
   };
+  static void Drop(PerModel& m);
+  // No job runs any more: drops what ReleaseUnloaded had to leave.
+  void Finish();
+  std::mutex models_mu_;          // guards models_ (a job's Session is its slot's alone)
   std::vector<PerModel> models_;  // by ServedModel::index
+  int running_ = -1;              // models_ index of the job running now
   // Reused across jobs so that a token costs no allocation.
   std::vector<int32_t> history_;
   std::vector<float> raw_logits_;

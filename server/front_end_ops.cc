@@ -8,7 +8,7 @@
 
 namespace thermocline::server {
 
-absl::StatusOr<const ServedModel*> ResolveModel(ModelRegistry& registry, std::string_view name) {
+absl::StatusOr<ModelLease> ResolveModel(ModelRegistry& registry, std::string_view name) {
   if (!name.empty()) return registry.FindOrLoad(name);
   const std::vector<ServedModel*> models = registry.models();
   if (models.empty()) {
@@ -17,12 +17,12 @@ absl::StatusOr<const ServedModel*> ResolveModel(ModelRegistry& registry, std::st
   return registry.FindOrLoad(models.front()->config.name);
 }
 
-std::vector<int32_t> TokenizeText(const ServedModel& model, std::string_view text,
+std::vector<int32_t> TokenizeText(const LoadedModel& model, std::string_view text,
                                   bool add_special) {
   return model.encoder->Encode(text, add_special && model.tokenizer().add_bos());
 }
 
-absl::StatusOr<std::string> DetokenizeIds(const ServedModel& model, absl::Span<const int64_t> ids) {
+absl::StatusOr<std::string> DetokenizeIds(const LoadedModel& model, absl::Span<const int64_t> ids) {
   const Tokenizer& tok = model.tokenizer();
   std::vector<int32_t> checked;
   checked.reserve(ids.size());
@@ -48,7 +48,7 @@ absl::StatusOr<std::shared_ptr<Job>> PrepareJob(const GenerationSpec& spec,
   auto request = BuildRequest(spec, **model, *context.config);
   if (!request.ok()) return request.status();
   auto job = std::make_shared<Job>();
-  job->model = *model;
+  job->model = std::move(*model);
   job->request = std::move(*request);
   if (context.config->request_timeout_s > 0) {
     job->deadline =

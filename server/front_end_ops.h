@@ -20,15 +20,16 @@
 
 namespace thermocline::server {
 
-// `name`, or the first served model when `name` is empty; loads a registered model that is not in
-// memory (on the calling thread). NotFound, Unavailable as ModelRegistry::FindOrLoad.
-absl::StatusOr<const ServedModel*> ResolveModel(ModelRegistry& registry, std::string_view name);
+// `name`, or the first served model when `name` is empty; loads a model that is not in memory (on
+// the calling thread). The lease keeps it in memory while the caller uses it. NotFound,
+// Unavailable as ModelRegistry::FindOrLoad.
+absl::StatusOr<ModelLease> ResolveModel(ModelRegistry& registry, std::string_view name);
 
 // Token ids of `text`; with `add_special`, BOS first when the model wants one.
-std::vector<int32_t> TokenizeText(const ServedModel& model, std::string_view text,
+std::vector<int32_t> TokenizeText(const LoadedModel& model, std::string_view text,
                                   bool add_special);
 // The text of `ids`; InvalidRequest("tokens") for an id outside the vocabulary.
-absl::StatusOr<std::string> DetokenizeIds(const ServedModel& model, absl::Span<const int64_t> ids);
+absl::StatusOr<std::string> DetokenizeIds(const LoadedModel& model, absl::Span<const int64_t> ids);
 
 // What a front end knows when a generation call arrives.
 struct SubmitContext {

@@ -1,20 +1,107 @@
 #include "server/grpc_front_end.h"
 
+#include <google/protobuf/descriptor.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_interceptor.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "server/errors.h"
 #include "server/grpc_admin_service.h"
 #include "server/grpc_inference_service.h"
 #include "spdlog/spdlog.h"
 
 namespace thermocline::server {
 
-GrpcFrontEnd::GrpcFrontEnd(const ServerConfig& config, ModelRegistry* registry, ModelAdmin* admin)
-    : config_(config) {
+namespace {
+
+namespace gx = grpc::experimental;
+
+// At shutdown, after the streams in flight: how long the other calls get to end by themselves.
+constexpr auto kCallsGrace = std::chrono::milliseconds(300);
+
+const char* StatusCodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < static_cast<int>(std::size(kNames)) ? kNames[i] : "UNKNOWN";
+}
+
+// The method as a metric label: "/package.Service/Method" when the process knows the method
+// (our services, health, reflection), else "other", so clients cannot grow the label set.
+std::string MethodLabel(const char* method) {
+  const std::string_view m = method != nullptr ? method : "";
+  if (m.size() < 2 || m[0] != '/') return "other";
+  const std::string full = absl::StrReplaceAll(ToAbsl(m.substr(1)), {{"/", "."}});
+  if (google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(full) == nullptr) {
+    return "other";
+  }
+  return std::string(m);
+}
+
+// Counts every finished call in thermocline_requests_total{frontend="grpc"}, as the HTTP front
+// end counts its requests: when the status goes out (so a client that has its answer sees it
+// counted), or as CANCELLED when the call ends without one.
+class CountingInterceptor final : public gx::Interceptor {
+ public:
+  CountingInterceptor(Metrics* metrics, std::string method)
+      : metrics_(metrics), method_(std::move(method)) {}
+  ~CountingInterceptor() override {
+    if (!counted_) metrics_->CountRequest("grpc", method_, "CANCELLED");
+  }
+
+  void Intercept(gx::InterceptorBatchMethods* methods) override {
+    if (!counted_ &&
+        methods->QueryInterceptionHookPoint(gx::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      counted_ = true;
+      metrics_->CountRequest("grpc", method_,
+                             StatusCodeName(methods->GetSendStatus().error_code()));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  Metrics* const metrics_;
+  const std::string method_;
+  bool counted_ = false;
+};
+
+class CountingInterceptorFactory final : public gx::ServerInterceptorFactoryInterface {
+ public:
+  explicit CountingInterceptorFactory(Metrics* metrics) : metrics_(metrics) {}
+  gx::Interceptor* CreateServerInterceptor(gx::ServerRpcInfo* info) override {
+    return new CountingInterceptor(metrics_, MethodLabel(info->method()));
+  }
+
+ private:
+  Metrics* const metrics_;
+};
+
+}  // namespace
+
+GrpcFrontEnd::GrpcFrontEnd(const ServerConfig& config, ModelRegistry* registry, ModelAdmin* admin,
+                           Metrics* metrics)
+    : config_(config), metrics_(metrics) {
   shared_.config = &config;
   shared_.registry = registry;
   shared_.admin = admin;
@@ -43,6 +130,11 @@ absl::StatusOr<int> GrpcFrontEnd::Start() {
   builder.RegisterService(health_.get());
   // A generation request is small; a prompt of token ids may be long, but 16 MiB is plenty.
   builder.SetMaxReceiveMessageSize(16 << 20);
+  if (metrics_ != nullptr) {
+    std::vector<std::unique_ptr<gx::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(std::make_unique<CountingInterceptorFactory>(metrics_));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();
@@ -65,9 +157,14 @@ void GrpcFrontEnd::Shutdown(Clock::time_point deadline) {
   while (shared_.active_streams.load() > 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const auto left = deadline - Clock::now();
+  // What may remain are short unary calls and watchers, which end on their own once draining
+  // (within their 200 ms poll): a moment for them, then the server cancels the rest and closes
+  // the connections. A later deadline would also wait that long for every client that keeps an
+  // idle connection open to hang up (seconds), although nothing runs on it.
+  const auto end = std::min(deadline, Clock::now() + kCallsGrace);
   server_->Shutdown(std::chrono::system_clock::now() +
-                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                        std::max(end - Clock::now(), Clock::duration::zero())));
   server_->Wait();
 }
 

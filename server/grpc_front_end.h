@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/grpc_common.h"
+#include "server/metrics.h"
 
 namespace grpc {
 class Server;
@@ -22,8 +23,10 @@ class HealthService;
 
 class GrpcFrontEnd {
  public:
-  // `admin` may be null (the admin service then answers UNAVAILABLE). All must outlive this.
-  GrpcFrontEnd(const ServerConfig& config, ModelRegistry* registry, ModelAdmin* admin);
+  // `admin` may be null (the admin service then answers UNAVAILABLE); `metrics` may be null (calls
+  // are not counted). All must outlive this.
+  GrpcFrontEnd(const ServerConfig& config, ModelRegistry* registry, ModelAdmin* admin,
+               Metrics* metrics = nullptr);
   ~GrpcFrontEnd();  // Shutdown(now)
 
   // Binds config.host:config.grpc_port (0: any free port), starts serving and returns the port.
@@ -40,6 +43,7 @@ class GrpcFrontEnd {
 
  private:
   const ServerConfig& config_;
+  Metrics* const metrics_;
   GrpcShared shared_;
   std::unique_ptr<InferenceService> inference_;
   std::unique_ptr<AdminService> admin_;

@@ -158,11 +158,11 @@ grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerConte
   }
   for (const ServedModel* m : shared_->registry->models()) {
     pb::Model* out = response->add_models();
-    const bool ready = m->ready();
+    const std::shared_ptr<const LoadedModel> loaded = m->loaded();
     out->set_name(m->config.name);
     out->set_state(ModelStateName(m->state.load()));
-    out->set_context_length(ready ? m->n_ctx : 0);
-    out->set_created(ready ? m->created : 0);
+    out->set_context_length(loaded ? loaded->n_ctx : 0);
+    out->set_created(loaded ? loaded->created : 0);
     out->set_mode(m->mode());
   }
   return Reply(context, grpc::Status::OK);

@@ -8,6 +8,7 @@
 #include "nlohmann/json.hpp"
 #include "server/errors.h"
 #include "server/http_access.h"
+#include "server/model_metrics.h"
 #include "server/openai_request.h"
 #include "spdlog/spdlog.h"
 
@@ -41,42 +42,18 @@ const char* EndpointLabel(const std::string& method, const std::string& path) {
 }
 
 json ModelObject(const ServedModel& m) {
-  const bool ready = m.ready();
+  const std::shared_ptr<const LoadedModel> loaded = m.loaded();
   const auto source = m.sparse_source();
   return {{"id", m.config.name},
           {"object", "model"},
-          {"created", ready ? m.created : 0},
+          {"created", loaded ? loaded->created : 0},
           {"owned_by", "thermocline"},
           {"status", ModelStateName(m.state.load())},
-          {"context_length", ready ? m.n_ctx : 0},
-          {"chat_template", ready ? m.chat_template->name() : ""},
+          {"loaded", loaded != nullptr},
+          {"context_length", loaded ? loaded->n_ctx : 0},
+          {"chat_template", loaded ? loaded->chat_template->name() : ""},
           {"mode", m.mode()},
           {"placement", source != nullptr ? source->placement : json(nullptr)}};
-}
-
-// Per-model lines of /metrics: how each model is served and its placement.
-std::string ModelMetrics(const std::vector<ServedModel*>& models) {
-  std::string out =
-      "# HELP thermocline_model_sparse 1 when the model is served sparse, 0 when dense.\n"
-      "# TYPE thermocline_model_sparse gauge\n";
-  std::string gpu =
-      "# HELP thermocline_model_gpu_neurons FFN neurons the model's placement puts on the GPU.\n"
-      "# TYPE thermocline_model_gpu_neurons gauge\n";
-  std::string cpu =
-      "# HELP thermocline_model_cpu_neurons FFN neurons the model's placement leaves on the CPU.\n"
-      "# TYPE thermocline_model_cpu_neurons gauge\n";
-  for (const ServedModel* m : models) {
-    const auto source = m->sparse_source();
-    const std::string label = absl::StrCat("{model=\"", m->config.name, "\"}");
-    absl::StrAppend(&out, "thermocline_model_sparse", label, " ", source != nullptr ? 1 : 0, "\n");
-    if (source != nullptr) {
-      absl::StrAppend(&gpu, "thermocline_model_gpu_neurons", label, " ",
-                      source->placement.value("gpu_neurons", int64_t{0}), "\n");
-      absl::StrAppend(&cpu, "thermocline_model_cpu_neurons", label, " ",
-                      source->placement.value("cpu_neurons", int64_t{0}), "\n");
-    }
-  }
-  return out + gpu + cpu;
 }
 
 }  // namespace
@@ -182,7 +159,7 @@ void HttpFrontEnd::Routes() {
   http_->Post("/detokenize",
               guarded([this](const Request& req, Response& res) { HandleDetokenize(req, res); }));
   http_->Get("/metrics", guarded([this](const Request&, Response& res) {
-               res.set_content(metrics_->Render() + ModelMetrics(registry_->models()),
+               res.set_content(metrics_->Render() + RenderModelMetrics(*registry_),
                                "text/plain; version=0.0.4; charset=utf-8");
              }));
   http_->Get("/health", [this](const Request&, Response& res) { HandleHealth(res); });
@@ -219,7 +196,7 @@ void HttpFrontEnd::Routes() {
   // Counted just before the response goes out, so a client that has its answer sees it in
   // /metrics; the access log line waits for the end of a stream.
   http_->set_post_routing_handler([this](const Request& req, Response& res) {
-    metrics_->CountRequest(EndpointLabel(req.method, req.path), res.status);
+    metrics_->CountRequest("http", EndpointLabel(req.method, req.path), std::to_string(res.status));
   });
   http_->set_logger([this](const Request& req, const Response& res) { AccessLog(req, res); });
 }

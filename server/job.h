@@ -13,11 +13,11 @@
 #include "absl/types/span.h"
 #include "engine/sampling/sampler.h"
 #include "server/metrics.h"
+#include "server/model_registry.h"
 #include "server/request.h"
 
 namespace thermocline::server {
 
-struct ServedModel;
 using Clock = std::chrono::steady_clock;
 
 enum class FinishReason { kStop, kLength, kCancelled, kError };
@@ -55,8 +55,8 @@ class GenerationSink {
 
 struct Job {
   GenerationRequest request;
-  const ServedModel* model = nullptr;
-  std::unique_ptr<GenerationSink> sink;  // lives as long as the job
+  ModelLease model;  // keeps the model in memory until the job is gone, even if it is unloaded
+  std::unique_ptr<GenerationSink> sink;  // lives as long as the job; destroyed before `model`
   Clock::time_point arrival = Clock::now();
   Clock::time_point deadline = Clock::time_point::max();
 

@@ -63,19 +63,23 @@ Metrics::Metrics()
       duration_(kDurationBounds),
       queue_wait_(kDurationBounds) {}
 
-void Metrics::CountRequest(const std::string& endpoint, int status) {
+void Metrics::CountRequest(std::string_view frontend, std::string_view endpoint,
+                           std::string_view status) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++requests_[{endpoint, status}];
+  ++requests_[{std::string(frontend), std::string(endpoint), std::string(status)}];
 }
 
 std::string Metrics::Render() const {
   std::string out;
-  Header(&out, "thermocline_requests_total", "HTTP requests by endpoint and status.", "counter");
+  Header(&out, "thermocline_requests_total",
+         "Requests by front end (http, grpc), endpoint (route or gRPC method) and status.",
+         "counter");
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [key, n] : requests_) {
-      absl::StrAppend(&out, "thermocline_requests_total{endpoint=\"", key.first, "\",status=\"",
-                      key.second, "\"} ", n, "\n");
+      const auto& [frontend, endpoint, status] = key;
+      absl::StrAppend(&out, "thermocline_requests_total{frontend=\"", frontend, "\",endpoint=\"",
+                      endpoint, "\",status=\"", status, "\"} ", n, "\n");
     }
   }
   Scalar(&out, "thermocline_prompt_tokens_total", "Prompt tokens evaluated.", "counter",
@@ -101,7 +105,6 @@ std::string Metrics::Render() const {
   Scalar(&out, "thermocline_queue_depth", "Requests waiting for a slot.", "gauge", queue_depth_);
   Scalar(&out, "thermocline_slots_busy", "Slots generating now.", "gauge", busy_slots_);
   Scalar(&out, "thermocline_slots", "Decode slots.", "gauge", slots_);
-  Scalar(&out, "thermocline_models_ready", "Models loaded and serving.", "gauge", models_ready_);
   return out;
 }
 

@@ -9,7 +9,8 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <utility>
+#include <string_view>
+#include <tuple>
 
 namespace thermocline::server {
 
@@ -34,7 +35,9 @@ class Metrics {
  public:
   Metrics();
 
-  void CountRequest(const std::string& endpoint, int status);
+  // A finished call of a front end ("http" or "grpc"): its route pattern or gRPC method, and its
+  // status (HTTP status code, or gRPC status code name).
+  void CountRequest(std::string_view frontend, std::string_view endpoint, std::string_view status);
   void AddPromptTokens(int64_t n) { prompt_tokens_ += n; }
   void AddGeneratedToken() { generated_tokens_.fetch_add(1, std::memory_order_relaxed); }
   void ObserveTimeToFirstToken(double s) { ttft_.Observe(s); }
@@ -46,14 +49,14 @@ class Metrics {
   void SetQueueDepth(int64_t n) { queue_depth_ = n; }
   void AddBusySlots(int64_t d) { busy_slots_ += d; }
   void SetSlots(int64_t n) { slots_ = n; }
-  void SetModelsReady(int64_t n) { models_ready_ = n; }
 
   int64_t cancellations(CancelReason r) const { return cancellations_[static_cast<int>(r)]; }
   std::string Render() const;
 
  private:
   mutable std::mutex mu_;
-  std::map<std::pair<std::string, int>, uint64_t> requests_;  // (endpoint, status)
+  // (frontend, endpoint, status)
+  std::map<std::tuple<std::string, std::string, std::string>, uint64_t> requests_;
   std::atomic<int64_t> prompt_tokens_{0};
   std::atomic<int64_t> generated_tokens_{0};
   Histogram ttft_, inter_token_, duration_, queue_wait_;
@@ -62,7 +65,6 @@ class Metrics {
   std::atomic<int64_t> queue_depth_{0};
   std::atomic<int64_t> busy_slots_{0};
   std::atomic<int64_t> slots_{0};
-  std::atomic<int64_t> models_ready_{0};
 };
 
 }  // namespace thermocline::server

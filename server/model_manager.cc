@@ -130,7 +130,7 @@ ModelInfo ModelManager::InfoLocked(const Entry& e) const {
   info.mode = "dense";
   if (const ServedModel* m = registry_->Lookup(r.name)) {
     info.mode = m->mode();
-    info.loaded = m->ready();
+    info.loaded = m->loaded() != nullptr;
   }
   return info;
 }
@@ -181,9 +181,6 @@ absl::Status ModelManager::Start() {
     BumpLocked(e);
   }
   spdlog::info("registry: {} registered model(s) in {}", entries_.size(), store_->dir());
-  if (config_.model_memory_budget > 0) {
-    spdlog::warn("registry.model_memory_budget is not enforced yet: models stay loaded once used");
-  }
   for (int i = 0; i < config_.jobs; ++i) workers_.emplace_back([this] { WorkerMain(); });
   return absl::OkStatus();
 }

@@ -19,6 +19,8 @@ const char* ModelStateName(ModelState s) {
       return "ready";
     case ModelState::kFailed:
       return "failed";
+    case ModelState::kUnloading:
+      return "unloading";
     case ModelState::kUnloaded:
       return "unloaded";
   }
@@ -52,6 +54,60 @@ nlohmann::json ReportSummary(const offline::Sidecar& sidecar) {
           {"corpus", sidecar.corpus_kind}};
 }
 
+LoadedModel::LoadedModel(ServedModel* served, std::shared_ptr<ResidentMemory> resident,
+                         int64_t bytes)
+    : served(served), bytes(bytes), resident_(std::move(resident)) {
+  resident_->models.fetch_add(1);
+  resident_->bytes.fetch_add(bytes);
+}
+
+LoadedModel::~LoadedModel() {
+  resident_->models.fetch_sub(1);
+  resident_->bytes.fetch_sub(bytes);
+  if (!unloaded_.load()) return;  // a load that failed half-way, or the daemon's end
+  spdlog::info("model '{}' freed ({} MiB)", served->config.name, bytes >> 20);
+  if (served->unloading_.fetch_sub(1) == 1) {
+    ModelState expected = ModelState::kUnloading;  // unless it has been loaded again meanwhile
+    served->state.compare_exchange_strong(expected, ModelState::kUnloaded);
+  }
+}
+
+const ModelConfig& LoadedModel::config() const { return served->config; }
+
+ModelLease::ModelLease(std::shared_ptr<const LoadedModel> model)
+    : model_(std::move(model)), busy_(model_ != nullptr) {
+  if (busy_) model_->leases_.fetch_add(1, std::memory_order_relaxed);
+}
+
+ModelLease& ModelLease::operator=(ModelLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    model_ = std::move(other.model_);
+    busy_ = std::exchange(other.busy_, false);
+  }
+  return *this;
+}
+
+void ModelLease::EndUse() {
+  if (busy_) model_->leases_.fetch_sub(1, std::memory_order_relaxed);
+  busy_ = false;
+}
+
+void ModelLease::Release() {
+  EndUse();
+  model_.reset();
+}
+
+std::shared_ptr<const LoadedModel> ServedModel::loaded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loaded_;
+}
+
+std::string ServedModel::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
 std::shared_ptr<const SparseSource> ServedModel::sparse_source() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sparse_;
@@ -66,11 +122,13 @@ const char* ServedModel::mode() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (sparse_ != nullptr) return "sparse";
   const ModelState s = state.load(std::memory_order_acquire);
-  if (s == ModelState::kUnloaded && !pending_sidecar_.empty()) return "sparse";
+  const bool unloaded = s == ModelState::kUnloaded || s == ModelState::kUnloading;
+  if (unloaded && !pending_sidecar_.empty()) return "sparse";
   return "dense";
 }
 
-ModelRegistry::ModelRegistry(const std::vector<ModelConfig>& configs) {
+ModelRegistry::ModelRegistry(const std::vector<ModelConfig>& configs, int64_t memory_budget)
+    : memory_budget_(memory_budget) {
   for (const ModelConfig& c : configs) {
     auto m = std::make_unique<ServedModel>();
     m->config = c;
@@ -98,7 +156,8 @@ absl::StatusOr<std::shared_ptr<const SparseSource>> LoadSource(const std::string
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const SparseSource>> ModelRegistry::ResolveSparse(ServedModel* m) {
+absl::StatusOr<std::shared_ptr<const SparseSource>> ModelRegistry::ResolveSparse(
+    ServedModel* m, const LlamaModel& model) {
   const ModelConfig& c = m->config;
   std::string path;
   {
@@ -121,7 +180,7 @@ absl::StatusOr<std::shared_ptr<const SparseSource>> ModelRegistry::ResolveSparse
     }
     return std::shared_ptr<const SparseSource>();
   }
-  auto source = LoadSource(path, *m->model);
+  auto source = LoadSource(path, model);
   if (!source.ok()) {
     // A configured model whose sidecar was named fails; a registered one stays usable dense.
     if ((c.sparse == "auto" && !explicit_path) || m->registered) {
@@ -135,7 +194,18 @@ absl::StatusOr<std::shared_ptr<const SparseSource>> ModelRegistry::ResolveSparse
   return source;
 }
 
-absl::Status ModelRegistry::Load(ServedModel* m) {
+namespace {
+
+// What a model costs against the budget: its GGUF file is mapped, weights and all.
+int64_t ModelFileBytes(const std::string& path) {
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  return ec ? 0 : static_cast<int64_t>(size);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m) {
   ModelOptions options;
   if (!m->config.activation.empty()) {
     auto act = ParseActivation(m->config.activation);
@@ -144,64 +214,158 @@ absl::Status ModelRegistry::Load(ServedModel* m) {
   }
   auto model = LlamaModel::Load(m->config.path, options);
   if (!model.ok()) return model.status();
-  m->model = std::move(*model);
-  const Tokenizer& tok = m->model->tokenizer();
-  m->encoder = std::make_unique<PromptEncoder>(tok);
+  const int64_t file_bytes = ModelFileBytes(m->config.path);
+  auto l = std::make_shared<LoadedModel>(
+      m, resident_, file_bytes > 0 ? file_bytes : static_cast<int64_t>((*model)->weight_bytes()));
+  l->model = std::move(*model);
+  const Tokenizer& tok = l->model->tokenizer();
+  l->encoder = std::make_unique<PromptEncoder>(tok);
 
-  auto template_text = m->model->gguf().GetString("tokenizer.chat_template", "");
+  auto template_text = l->model->gguf().GetString("tokenizer.chat_template", "");
   if (!template_text.ok()) return template_text.status();
   ChatSpecialTexts specials;
   if (tok.bos_id() >= 0) specials.bos = tok.token_text(tok.bos_id());
   if (tok.eos_id() >= 0) specials.eos = tok.token_text(tok.eos_id());
   auto chat = ChatTemplate::Create(m->config.chat_template, *template_text, specials);
   if (!chat.ok()) return chat.status();
-  m->chat_template = std::move(*chat);
-  if (!m->chat_template->end_of_turn().empty()) {
-    const int32_t id = m->encoder->FindControl(m->chat_template->end_of_turn());
-    if (id >= 0) m->end_of_turn_tokens.push_back(id);
+  l->chat_template = std::move(*chat);
+  if (!l->chat_template->end_of_turn().empty()) {
+    const int32_t id = l->encoder->FindControl(l->chat_template->end_of_turn());
+    if (id >= 0) l->end_of_turn_tokens.push_back(id);
   }
-  if (m->chat_template->is_fallback() && !template_text->empty()) {
+  if (l->chat_template->is_fallback() && !template_text->empty()) {
     spdlog::warn("model '{}': chat template not recognised; using the plain fallback",
                  m->config.name);
   }
 
-  const int64_t train_ctx = m->model->hparams().n_ctx_train;
-  m->n_ctx = m->config.n_ctx > 0 ? m->config.n_ctx : train_ctx;
-  if (m->n_ctx <= 0) m->n_ctx = 2048;
-
-  auto sparse = ResolveSparse(m);
-  if (!sparse.ok()) return sparse.status();
-  m->set_sparse_source(std::move(*sparse));
-  return absl::OkStatus();
+  const int64_t train_ctx = l->model->hparams().n_ctx_train;
+  l->n_ctx = m->config.n_ctx > 0 ? m->config.n_ctx : train_ctx;
+  if (l->n_ctx <= 0) l->n_ctx = 2048;
+  return l;
 }
 
-absl::Status ModelRegistry::LoadOne(ServedModel* m) {
+absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
   const auto start = std::chrono::steady_clock::now();
   m->state.store(ModelState::kLoading, std::memory_order_release);
-  absl::Status s = Load(m);
-  if (!s.ok()) {
-    m->error = std::string(s.message());
+  absl::StatusOr<std::shared_ptr<LoadedModel>> l = Load(m);
+  absl::StatusOr<std::shared_ptr<const SparseSource>> sparse =
+      l.ok() ? ResolveSparse(m, *(*l)->model) : l.status();
+  if (!sparse.ok()) {
+    const absl::Status& s = sparse.status();
+    {
+      std::lock_guard<std::mutex> lock(m->mu_);
+      m->error_ = std::string(s.message());
+    }
     m->state.store(ModelState::kFailed, std::memory_order_release);
     return absl::Status(s.code(), absl::StrCat("model '", m->config.name, "' (", m->config.path,
                                                "): ", s.message()));
   }
-  m->created = static_cast<int64_t>(std::time(nullptr));
+  (*l)->created = static_cast<int64_t>(std::time(nullptr));
+  const std::shared_ptr<const LoadedModel> loaded = std::move(*l);
+  {
+    std::lock_guard<std::mutex> lock(m->mu_);
+    m->loaded_ = loaded;
+    m->sparse_ = *sparse;
+  }
   m->state.store(ModelState::kReady, std::memory_order_release);
-  const auto source = m->sparse_source();
+  const auto& source = *sparse;
   spdlog::info(
-      "model '{}' ready: {} layers, vocab {}, context {}, chat template {}, {}{} ({:.2f} s)",
-      m->config.name, m->model->hparams().n_layer, m->model->hparams().n_vocab, m->n_ctx,
-      m->chat_template->name(), m->mode(),
+      "model '{}' ready: {} layers, vocab {}, context {}, chat template {}, {}{}, {} MiB "
+      "({:.2f} s)",
+      m->config.name, loaded->model->hparams().n_layer, loaded->model->hparams().n_vocab,
+      loaded->n_ctx, loaded->chat_template->name(), m->mode(),
       source ? absl::StrCat(" (", source->path, ", ", source->placement.dump(), ")") : "",
+      loaded->bytes >> 20,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();
+}
+
+void ModelRegistry::UnloadLocked(ServedModel* m, const char* why) {
+  std::shared_ptr<const LoadedModel> l;
+  {
+    std::lock_guard<std::mutex> lock(m->mu_);
+    l = std::move(m->loaded_);
+    // Loaded again, it is served as now (the sidecar is read again then).
+    if (m->sparse_ != nullptr && m->pending_sidecar_.empty())
+      m->pending_sidecar_ = m->sparse_->path;
+    m->sparse_.reset();
+  }
+  if (l == nullptr) return;
+  m->unloading_.fetch_add(1);
+  l->unloaded_.store(true, std::memory_order_release);
+  m->state.store(ModelState::kUnloading, std::memory_order_release);
+  resident_->unloads.fetch_add(1);
+  const int leases = l->leases();
+  spdlog::info("model '{}' unloaded ({}){}", m->config.name, why,
+               leases > 0 ? absl::StrCat("; freed once its ", leases, " request(s) in flight end")
+                          : std::string());
+  l.reset();  // freed here, or by the last slot session or request that holds it
+}
+
+bool ModelRegistry::MakeRoomLocked(const ServedModel* keep, int64_t need) {
+  if (memory_budget_ <= 0) return false;
+  bool unloaded = false;
+  while (true) {
+    int64_t used = 0;
+    ServedModel* victim = nullptr;
+    bool victim_busy = false;
+    uint64_t victim_use = 0;
+    for (ServedModel* m : models()) {
+      const std::shared_ptr<const LoadedModel> l = m->loaded();
+      if (l == nullptr) continue;
+      used += l->bytes;
+      if (m == keep) continue;
+      // Idle before busy (a busy model's memory is only freed when its requests end), then
+      // least recently used.
+      const bool busy = l->leases() > 0;
+      const uint64_t use = m->last_use.load();
+      if (victim == nullptr || (victim_busy && !busy) ||
+          (victim_busy == busy && use < victim_use)) {
+        victim = m;
+        victim_busy = busy;
+        victim_use = use;
+      }
+    }
+    if (used + need <= memory_budget_) break;
+    if (victim == nullptr) {
+      spdlog::warn(
+          "model '{}' alone ({} bytes) exceeds registry.model_memory_budget ({} bytes); loading "
+          "it anyway",
+          keep->config.name, need, memory_budget_);
+      break;
+    }
+    UnloadLocked(victim, victim_busy ? "memory budget; every other model is busy"
+                                     : "least recently used, memory budget");
+    unloaded = true;
+  }
+  return unloaded;
+}
+
+void ModelRegistry::NotifyUnloaded() {
+  if (unload_listener_) unload_listener_();
+}
+
+void ModelRegistry::EnsureLoadedLocked(ServedModel* m) {
+  if (MakeRoomLocked(m, ModelFileBytes(m->config.path))) NotifyUnloaded();
+  if (absl::Status s = LoadOneLocked(m); !s.ok()) spdlog::error("{}", std::string(s.message()));
 }
 
 absl::Status ModelRegistry::LoadAll() {
   for (ServedModel* m : models()) {
     if (m->registered) continue;
-    if (absl::Status s = LoadOne(m); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(load_mu_);
+    if (absl::Status s = LoadOneLocked(m); !s.ok()) return s;
+    // Checked; under a budget that the models loaded before it fill, it waits for a request.
+    int64_t used = 0;
+    for (ServedModel* o : models()) {
+      if (auto l = o->loaded()) used += l->bytes;
+    }
+    const std::shared_ptr<const LoadedModel> l = m->loaded();
+    if (memory_budget_ > 0 && used > memory_budget_ && used > l->bytes) {
+      UnloadLocked(m, "it loads again on its first request: registry.model_memory_budget");
+    }
   }
+  started_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -223,23 +387,18 @@ std::vector<ServedModel*> ModelRegistry::models() const {
   return out;
 }
 
-absl::StatusOr<const ServedModel*> ModelRegistry::Find(std::string_view name) const {
-  if (const ServedModel* m = Lookup(name)) {
-    switch (m->state.load(std::memory_order_acquire)) {
-      case ModelState::kReady:
-        return m;
-      case ModelState::kLoading:
-      case ModelState::kUnloaded:
-        return Unavailable("model_loading",
-                           absl::StrCat("model '", ToAbsl(name), "' is loading; retry shortly"));
-      case ModelState::kFailed:
-        return Unavailable("model_failed",
-                           absl::StrCat("model '", ToAbsl(name), "' failed to load: ", m->error));
+absl::Status ModelRegistry::Unservable(std::string_view name, const ServedModel* m) const {
+  if (m != nullptr) {
+    if (m->state.load(std::memory_order_acquire) == ModelState::kFailed) {
+      return Unavailable("model_failed",
+                         absl::StrCat("model '", ToAbsl(name), "' failed to load: ", m->error()));
     }
+    return Unavailable("model_loading",
+                       absl::StrCat("model '", ToAbsl(name), "' is loading; retry shortly"));
   }
   std::string known;
-  for (const ServedModel* m : models()) {
-    absl::StrAppend(&known, known.empty() ? "" : ", ", m->config.name);
+  for (const ServedModel* o : models()) {
+    absl::StrAppend(&known, known.empty() ? "" : ", ", o->config.name);
   }
   return NotFound(
       "model_not_found",
@@ -247,28 +406,22 @@ absl::StatusOr<const ServedModel*> ModelRegistry::Find(std::string_view name) co
                    known.empty() ? "no models (register one: POST /admin/models)" : known));
 }
 
-absl::StatusOr<const ServedModel*> ModelRegistry::FindOrLoad(std::string_view name) {
+absl::StatusOr<ModelLease> ModelRegistry::FindOrLoad(std::string_view name) {
   ServedModel* m = Lookup(name);
-  if (m != nullptr && m->registered && !m->ready()) {
-    std::lock_guard<std::mutex> lock(m->load_mu_);
-    const ModelState s = m->state.load(std::memory_order_acquire);
-    // A registered model that failed may load now (its file may have been fixed).
-    if (s == ModelState::kUnloaded || s == ModelState::kFailed) {
-      if (absl::Status st = LoadOne(m); !st.ok()) spdlog::error("{}", std::string(st.message()));
+  if (m == nullptr) return Unservable(name, nullptr);
+  std::shared_ptr<const LoadedModel> l = m->loaded();
+  if (l == nullptr && started_.load(std::memory_order_acquire)) {
+    // Not in memory (registered, unloaded, or failed: its file may have been fixed).
+    std::lock_guard<std::mutex> lock(load_mu_);
+    l = m->loaded();
+    if (l == nullptr && !m->removed.load()) {
+      EnsureLoadedLocked(m);
+      l = m->loaded();
     }
   }
-  auto found = Find(name);
-  if (found.ok()) {
-    (*found)->last_used.store(static_cast<int64_t>(std::time(nullptr)));
-  }
-  return found;
-}
-
-bool ModelRegistry::all_ready() const {
-  for (const ServedModel* m : models()) {
-    if (!m->registered && !m->ready()) return false;
-  }
-  return true;
+  if (l == nullptr) return Unservable(name, m);
+  m->last_use.store(use_clock_.fetch_add(1) + 1);
+  return ModelLease(std::move(l));
 }
 
 absl::StatusOr<ServedModel*> ModelRegistry::Add(const ModelConfig& config) {
@@ -293,7 +446,12 @@ absl::Status ModelRegistry::Remove(std::string_view name) {
   if (m == nullptr) {
     return absl::NotFoundError(absl::StrCat("model '", ToAbsl(name), "' does not exist"));
   }
+  std::lock_guard<std::mutex> lock(load_mu_);
   m->removed.store(true);
+  if (m->loaded() != nullptr) {
+    UnloadLocked(m, "deleted");
+    NotifyUnloaded();
+  }
   return absl::OkStatus();
 }
 
@@ -302,17 +460,18 @@ absl::Status ModelRegistry::UseSidecar(std::string_view name, const std::string&
   if (m == nullptr) {
     return absl::NotFoundError(absl::StrCat("model '", ToAbsl(name), "' does not exist"));
   }
-  std::lock_guard<std::mutex> load_lock(m->load_mu_);
+  std::lock_guard<std::mutex> load_lock(load_mu_);
   {
     std::lock_guard<std::mutex> lock(m->mu_);
     m->pending_sidecar_ = sidecar_path;
   }
-  if (!m->ready()) return absl::OkStatus();  // used when it loads
+  const std::shared_ptr<const LoadedModel> l = m->loaded();
+  if (l == nullptr) return absl::OkStatus();  // used when it loads
   if (sidecar_path.empty()) {
     m->set_sparse_source(nullptr);
     return absl::OkStatus();
   }
-  auto source = LoadSource(sidecar_path, *m->model);
+  auto source = LoadSource(sidecar_path, *l->model);
   if (!source.ok()) return source.status();
   m->set_sparse_source(std::move(*source));
   spdlog::info("model '{}' now served sparse from {}", m->config.name, sidecar_path);

@@ -1,19 +1,28 @@
-// The models the daemon serves. Models of the config file load in the background at start-up
-// (the HTTP front end is up meanwhile and answers 503 "loading"); registered models (added at
-// run time by the admin API, server/model_jobs.h) load lazily on their first request. The
-// registry only grows: a removed model stops being found but its entry stays, so the pointers
-// that jobs and slots hold never dangle. The lifecycle is an explicit state; health and the
-// model list derive from it. Each model may carry a sparse source (a validated sidecar) that
-// the slots pick up between requests.
+// The models the daemon serves. Models of the config file are checked (loaded) at start-up (the
+// HTTP front end is up meanwhile and answers 503 "loading"); registered models (added at run time
+// by the admin API, server/model_manager.h) load lazily on their first request. Under a memory
+// budget (registry.model_memory_budget) loading a model first unloads the least recently used
+// others, idle ones before busy ones; any unloaded model loads again on its next request.
+//
+// Ownership: a ServedModel is the stable registry entry (never freed while the daemon runs; a
+// removed one stops being found). What one load produced (weights, tokenizer, prompt format) is
+// a LoadedModel, shared: the registry holds it while the model is loaded, every request holds a
+// ModelLease on it and every slot session a shared_ptr. Unloading only drops the registry's
+// reference and asks the slots to drop their idle sessions, so the memory is freed when the last
+// request on it ends, never under one. The lifecycle is an explicit state; health, the model
+// list and the metrics derive from it. Each model may carry a sparse source (a validated
+// sidecar) that the slots pick up between requests.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,8 +35,10 @@
 
 namespace thermocline::server {
 
-// kUnloaded: known, weights not in memory (a registered model before its first request).
-enum class ModelState { kLoading, kReady, kFailed, kUnloaded };
+// kUnloaded: known, weights not in memory (a registered model before its first request, or one
+// the memory budget unloaded). kUnloading: unloaded by the registry while requests still run on
+// it; it becomes kUnloaded when the last of them ends and its memory is freed.
+enum class ModelState { kLoading, kReady, kFailed, kUnloading, kUnloaded };
 const char* ModelStateName(ModelState s);
 
 // A sidecar checked against the served model: what the slots build their SparseFfn from.
@@ -41,65 +52,131 @@ struct SparseSource {
 nlohmann::json PlacementSummary(const offline::Sidecar& sidecar);
 nlohmann::json ReportSummary(const offline::Sidecar& sidecar);
 
-// One served model. `model`, `encoder`, `chat_template`, `end_of_turn_tokens` and `n_ctx` are
-// written once by the loader before `state` becomes kReady (release) and only read after
-// (acquire); they are never freed while the daemon runs.
+struct ServedModel;
+
+// Models and bytes in memory: loaded ones and unloaded ones that requests still hold.
+struct ResidentMemory {
+  std::atomic<int64_t> models{0};
+  std::atomic<int64_t> bytes{0};
+  std::atomic<int64_t> unloads{0};  // models the registry has unloaded (budget or delete)
+};
+
+// One load of a served model. Immutable once published (the loader writes it before the
+// registry publishes it); freed when the registry and every request and slot session let go.
+struct LoadedModel {
+  ServedModel* served = nullptr;  // its registry entry (outlives it)
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<PromptEncoder> encoder;  // over model's tokenizer: declared after it
+  std::optional<ChatTemplate> chat_template;
+  std::vector<int32_t> end_of_turn_tokens;  // the template's end-of-turn control token
+  int64_t n_ctx = 0;                        // context of each slot's session
+  int64_t created = 0;                      // unix seconds when it became ready
+  int64_t bytes = 0;  // charged against the budget: the GGUF file's size (it is mapped)
+
+  LoadedModel(ServedModel* served, std::shared_ptr<ResidentMemory> resident, int64_t bytes);
+  ~LoadedModel();  // the served model turns kUnloaded when this was its unloaded instance
+  LoadedModel(const LoadedModel&) = delete;
+  LoadedModel& operator=(const LoadedModel&) = delete;
+
+  const Tokenizer& tokenizer() const { return model->tokenizer(); }
+  const ModelConfig& config() const;
+  // True once the registry has unloaded it: slots drop their sessions of it. Lock-free.
+  bool unloaded() const { return unloaded_.load(std::memory_order_acquire); }
+  // Requests using it now: leases not ended (the LRU prefers to unload a model with none).
+  int leases() const { return leases_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class ModelRegistry;
+  friend class ModelLease;
+  mutable std::atomic<int> leases_{0};
+  mutable std::atomic<bool> unloaded_{false};
+  std::shared_ptr<ResidentMemory> resident_;
+};
+
+// A request's hold on a loaded model: keeps it in memory and counts it as busy until EndUse.
+// Move-only.
+class ModelLease {
+ public:
+  ModelLease() = default;
+  explicit ModelLease(std::shared_ptr<const LoadedModel> model);
+  ModelLease(ModelLease&& other) noexcept
+      : model_(std::move(other.model_)), busy_(std::exchange(other.busy_, false)) {}
+  ModelLease& operator=(ModelLease&& other) noexcept;
+  ModelLease(const ModelLease&) = delete;
+  ModelLease& operator=(const ModelLease&) = delete;
+  ~ModelLease() { Release(); }
+
+  const LoadedModel* get() const { return model_.get(); }
+  const LoadedModel* operator->() const { return model_.get(); }
+  const LoadedModel& operator*() const { return *model_; }
+  explicit operator bool() const { return model_ != nullptr; }
+  const std::shared_ptr<const LoadedModel>& shared() const { return model_; }
+  // The request has stopped computing on the model (its generation is over; the answer may
+  // still read the tokenizer): it no longer counts as busy, the memory is still held.
+  void EndUse();
+
+ private:
+  void Release();
+  std::shared_ptr<const LoadedModel> model_;
+  bool busy_ = false;
+};
+
+// One served model: the registry's stable entry. `config`, `index` and `registered` never change.
 struct ServedModel {
   ModelConfig config;
   int index = 0;            // position in the registry; slots keep one session per index
   bool registered = false;  // added through the admin API (lazy), not from the config
-  int64_t created = 0;      // unix seconds when it became ready
   std::atomic<ModelState> state{ModelState::kLoading};
   std::atomic<bool> removed{false};
-  mutable std::atomic<int64_t> last_used{0};  // unix seconds of the last request
-  std::string error;                          // when kFailed
+  std::atomic<uint64_t> last_use{0};  // the registry's use counter at its last request (LRU)
 
-  std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<PromptEncoder> encoder;
-  std::optional<ChatTemplate> chat_template;
-  std::vector<int32_t> end_of_turn_tokens;  // the template's end-of-turn control token
-  int64_t n_ctx = 0;                        // context of each slot's session
-
-  const Tokenizer& tokenizer() const { return model->tokenizer(); }
+  // The loaded instance; null when it is not loaded. Thread-safe.
+  std::shared_ptr<const LoadedModel> loaded() const;
   bool ready() const { return state.load(std::memory_order_acquire) == ModelState::kReady; }
-
+  // Why it failed to load (kFailed). Thread-safe.
+  std::string error() const;
   // Thread-safe. null: served dense.
   std::shared_ptr<const SparseSource> sparse_source() const;
-  void set_sparse_source(std::shared_ptr<const SparseSource> source);
   // "sparse" or "dense": how requests are served (an unloaded model: once it loads).
   const char* mode() const;
 
  private:
   friend class ModelRegistry;
-  mutable std::mutex mu_;  // guards sparse_, pending_sidecar_
-  std::mutex load_mu_;     // one loader at a time
+  friend struct LoadedModel;
+  void set_sparse_source(std::shared_ptr<const SparseSource> source);
+  // guards loaded_, sparse_, pending_sidecar_, error_; a leaf lock
+  mutable std::mutex mu_;
+  std::shared_ptr<const LoadedModel> loaded_;
   std::shared_ptr<const SparseSource> sparse_;
   std::string pending_sidecar_;  // to use when the (unloaded) model loads
+  std::string error_;
+  std::atomic<int> unloading_{0};  // unloaded instances still alive (in use)
 };
 
 class ModelRegistry {
  public:
-  explicit ModelRegistry(const std::vector<ModelConfig>& configs);
+  // `memory_budget`: bytes of models loaded at once (0: unlimited).
+  explicit ModelRegistry(const std::vector<ModelConfig>& configs, int64_t memory_budget = 0);
 
-  // Loads every configured model in order (blocking; run it on a loader thread). Returns the
-  // first error; the failed model is marked kFailed.
+  // Loads every configured model in order (blocking; run it on a loader thread); under a memory
+  // budget the ones that do not fit are unloaded again once checked. Returns the first error;
+  // the failed model is marked kFailed. Lazy loads wait until it has run.
   absl::Status LoadAll();
 
-  // For a request: NotFound for an unknown name, Unavailable while it loads, when it failed,
-  // or when it is not loaded (FindOrLoad loads it).
-  absl::StatusOr<const ServedModel*> Find(std::string_view name) const;
-  // As Find, but loads an unloaded model first on the calling thread (seconds for a large one).
-  absl::StatusOr<const ServedModel*> FindOrLoad(std::string_view name);
+  // For a request: the model's lease, loading it first (on the calling thread, seconds for a
+  // large one) when it is not in memory, unloading the least recently used others when the
+  // budget needs room. NotFound for an unknown name, Unavailable while the configured models
+  // load or when it fails to load.
+  absl::StatusOr<ModelLease> FindOrLoad(std::string_view name);
   // Snapshot of the models not removed, in registry order. Thread-safe.
   std::vector<ServedModel*> models() const;
-  // True when every configured model is ready (registered models load on demand).
-  bool all_ready() const;
+  // True once the configured models have been loaded (registered models load on demand).
+  bool all_ready() const { return started_.load(std::memory_order_acquire); }
 
   // Run-time changes (the admin API). Add: AlreadyExists when the name is taken. The model
   // starts kUnloaded and loads on its first request.
   absl::StatusOr<ServedModel*> Add(const ModelConfig& config);
-  // Stops finding the model. Its memory stays until the daemon restarts (in-flight requests and
-  // slot sessions may still use it).
+  // Stops finding the model and unloads it (requests in flight finish on it first).
   absl::Status Remove(std::string_view name);
   // Serves `name` sparse from a sidecar (checked against the model when it is loaded, else when
   // it loads); "" serves it dense again. Slots switch between requests.
@@ -107,12 +184,44 @@ class ModelRegistry {
   // Any state, removed excluded; null when unknown.
   ServedModel* Lookup(std::string_view name) const;
 
- private:
-  absl::Status Load(ServedModel* m);
-  absl::Status LoadOne(ServedModel* m);  // Load + state transitions + log
-  // The sidecar a model should use at load: explicit, pending, or beside the model (auto).
-  absl::StatusOr<std::shared_ptr<const SparseSource>> ResolveSparse(ServedModel* m);
+  // Called after models were unloaded (before the model that needed the room loads), so that the
+  // owner of the slot sessions drops those of the unloaded models (Scheduler::ReleaseUnloaded)
+  // and their memory is freed. It runs under the registry's load lock: it must not call back
+  // into the registry. Set it before requests arrive.
+  void set_unload_listener(std::function<void()> listener) {
+    unload_listener_ = std::move(listener);
+  }
 
+  int64_t memory_budget() const { return memory_budget_; }
+  // Models and bytes in memory, unloaded ones still in use included; models unloaded so far.
+  const ResidentMemory& resident() const { return *resident_; }
+
+ private:
+  // NotFound or Unavailable (loading, failed) for a model that cannot serve now.
+  absl::Status Unservable(std::string_view name, const ServedModel* m) const;
+  absl::StatusOr<std::shared_ptr<LoadedModel>> Load(ServedModel* m);
+  // Load + publish + state transitions + log. load_mu_ held.
+  absl::Status LoadOneLocked(ServedModel* m);
+  // Brings `m` into memory (its still-alive unloaded instance, or a fresh load), first making
+  // room for it. load_mu_ held.
+  void EnsureLoadedLocked(ServedModel* m);
+  // Unloads the least recently used models other than `keep` until `need` more bytes fit the
+  // budget. True when it unloaded any. load_mu_ held.
+  bool MakeRoomLocked(const ServedModel* keep, int64_t need);
+  // Drops the registry's reference to m's instance. load_mu_ held.
+  void UnloadLocked(ServedModel* m, const char* why);
+  void NotifyUnloaded();
+  // The sidecar a model should use at load: explicit, pending, or beside the model (auto).
+  absl::StatusOr<std::shared_ptr<const SparseSource>> ResolveSparse(ServedModel* m,
+                                                                    const LlamaModel& model);
+
+  const int64_t memory_budget_;
+  const std::shared_ptr<ResidentMemory> resident_ = std::make_shared<ResidentMemory>();
+  std::atomic<uint64_t> use_clock_{0};
+  std::atomic<bool> started_{false};
+  std::function<void()> unload_listener_;
+  // Loads, unloads and sidecar switches, one at a time; taken before mu_ and ServedModel::mu_.
+  std::mutex load_mu_;
   mutable std::mutex mu_;  // guards models_ (the vector; entries are stable)
   std::vector<std::unique_ptr<ServedModel>> models_;
 };

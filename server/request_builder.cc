@@ -64,7 +64,7 @@ absl::StatusOr<SamplingParams> BuildSampling(const GenerationSpec& spec,
 }
 
 absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
-                                                 const ServedModel& model) {
+                                                 const LoadedModel& model) {
   const Tokenizer& tok = model.tokenizer();
   std::vector<int32_t> prompt;
   if (spec.kind == ApiKind::kChat) {
@@ -104,11 +104,11 @@ absl::Status NormalizeChatRole(std::string_view param, std::string* role) {
       absl::StrCat("role '", *role, "' is not one of system, developer, user, assistant, tool"));
 }
 
-absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const ServedModel& model,
+absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const LoadedModel& model,
                                                const ServerConfig& config) {
   GenerationRequest r;
   r.kind = spec.kind;
-  r.model = model.config.name;
+  r.model = model.config().name;
   if (spec.n && *spec.n != 1) {
     return InvalidRequest("n", "unsupported_value",
                           absl::StrCat("n = ", *spec.n, " is not supported; only n = 1 is"));
@@ -175,14 +175,14 @@ absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const
       return ContextExceeded(
           absl::StrCat("this request needs ", n_prompt + *spec.max_tokens, " tokens (", n_prompt,
                        " in the prompt, ", *spec.max_tokens,
-                       " to generate) but the context of model '", model.config.name, "' is ",
+                       " to generate) but the context of model '", model.config().name, "' is ",
                        model.n_ctx, " tokens; shorten the prompt or lower max_tokens"));
     }
     r.max_tokens = static_cast<int32_t>(*spec.max_tokens);
   } else {
     if (n_prompt >= model.n_ctx) {
       return ContextExceeded(absl::StrCat("the prompt has ", n_prompt,
-                                          " tokens but the context of model '", model.config.name,
+                                          " tokens but the context of model '", model.config().name,
                                           "' is ", model.n_ctx, " tokens; shorten the prompt"));
     }
     int64_t room = model.n_ctx - n_prompt;

@@ -41,7 +41,7 @@ struct GenerationSpec {
 // other than system, user, assistant or tool is an InvalidRequest naming `param`.
 absl::Status NormalizeChatRole(std::string_view param, std::string* role);
 
-absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const ServedModel& model,
+absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const LoadedModel& model,
                                                const ServerConfig& config);
 
 }  // namespace thermocline::server

@@ -18,21 +18,34 @@ absl::Status Scheduler::Start(const ModelRegistry& registry) {
   options.threads = config_.threads_per_slot;
   options.max_batch = config_.max_batch;
   options.decode_delay_ms = config_.decode_delay_ms;
+  std::vector<std::unique_ptr<DecodeLoop>> loops;
   for (int s = 0; s < config_.slots; ++s) {
     auto loop = std::make_unique<DecodeLoop>(options, metrics_);
     for (const ServedModel* m : registry.models()) {
-      if (!m->ready()) continue;  // a registered model gets its session on its first job
-      if (absl::Status st = loop->AddModel(*m); !st.ok()) {
+      // A model not in memory gets its session on its first job.
+      const std::shared_ptr<const LoadedModel> loaded = m->loaded();
+      if (loaded == nullptr) continue;
+      if (absl::Status st = loop->AddModel(loaded); !st.ok()) {
         return absl::Status(
             st.code(), absl::StrCat("slot ", s, ", model '", m->config.name, "': ", st.message()));
       }
     }
-    loops_.push_back(std::move(loop));
+    loops.push_back(std::move(loop));
   }
-  running_.resize(config_.slots);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // ReleaseUnloaded may run already
+    loops_ = std::move(loops);
+    running_.resize(config_.slots);
+    for (const auto& loop : loops_) loop->ReleaseUnloaded();  // unloaded while they were made
+  }
   metrics_->SetSlots(config_.slots);
   for (int s = 0; s < config_.slots; ++s) threads_.emplace_back([this, s] { SlotMain(s); });
   return absl::OkStatus();
+}
+
+void Scheduler::ReleaseUnloaded() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& loop : loops_) loop->ReleaseUnloaded();
 }
 
 absl::Status Scheduler::Submit(std::shared_ptr<Job> job) {
@@ -132,6 +145,7 @@ void Scheduler::SlotMain(int slot) {
       metrics_->AddBusySlots(1);
     }
     const DecodeLoop::Outcome out = loop.Run(*job);
+    job->model.EndUse();  // before the client can hear the end and ask for another model
     {
       std::lock_guard<std::mutex> lock(mu_);
       running_[slot] = nullptr;

@@ -36,6 +36,10 @@ class Scheduler {
   void Cancel(const std::shared_ptr<Job>& job, CancelReason reason);
   // Cancels everything queued and running (the end of a graceful shutdown's budget).
   void CancelAll(CancelReason reason);
+  // The slots drop their sessions of the models the registry has unloaded, now; a busy slot
+  // drops the one its job runs on when the job ends (ModelRegistry::set_unload_listener).
+  // Thread-safe.
+  void ReleaseUnloaded();
   // Refuses new jobs, lets the slots finish the queue, joins the slot threads.
   void Shutdown();
 
@@ -48,10 +52,10 @@ class Scheduler {
 
   const ServerConfig& config_;
   Metrics* metrics_;
-  std::vector<std::unique_ptr<DecodeLoop>> loops_;
   std::vector<std::thread> threads_;
 
   mutable std::mutex mu_;
+  std::vector<std::unique_ptr<DecodeLoop>> loops_;  // a slot's loop: its thread's while it runs
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;
   std::vector<std::shared_ptr<Job>> running_;  // per slot; null when idle

@@ -239,9 +239,14 @@ TEST_CASE("health, metrics and the access log", "[server][api]") {
   REQUIRE(m.status == 200);
   CHECK(m.header("content-type").find("text/plain") == 0);
   INFO(m.body);
-  CHECK(MetricValue(m.body,
-                    R"(thermocline_requests_total{endpoint="/v1/completions",status="200"})") == 1);
-  CHECK(MetricValue(m.body, R"(thermocline_requests_total{endpoint="other",status="404"})") == 1);
+  CHECK(
+      MetricValue(
+          m.body,
+          R"(thermocline_requests_total{frontend="http",endpoint="/v1/completions",status="200"})") ==
+      1);
+  CHECK(MetricValue(
+            m.body,
+            R"(thermocline_requests_total{frontend="http",endpoint="other",status="404"})") == 1);
   CHECK(MetricValue(m.body, "thermocline_prompt_tokens_total") == 5);
   CHECK(MetricValue(m.body, "thermocline_generated_tokens_total") == 5);
   CHECK(MetricValue(m.body, "thermocline_time_to_first_token_seconds_count") == 1);

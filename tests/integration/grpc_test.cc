@@ -7,7 +7,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -481,6 +483,85 @@ TEST_CASE("grpc: SIGTERM lets a stream finish, new calls are UNAVAILABLE", "[ser
   CHECK(reader->Finish().ok());
   CHECK(last == Reply::MAX_TOKENS);
   CHECK(d.Wait() == 0);
+}
+
+TEST_CASE("grpc: calls are counted in thermocline_requests_total by method and status",
+          "[server][grpc]") {
+  REQUIRE_STORIES_MODEL();
+  DaemonProcess d("[server]\napi_keys = [\"k\"]\n");
+  auto channel = Channel(d);
+  auto stub = pb::Inference::NewStub(channel);
+  CheckFinal(Generate(*stub, TextRequest("Once upon a time", 3), "k"), Reply::MAX_TOKENS);
+  CheckFinal(Generate(*stub, TextRequest("The cat", 2), "k"), Reply::MAX_TOKENS);
+  CHECK(Generate(*stub, TextRequest("Hi", 2)).status.error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  pb::GenerateRequest unknown = TextRequest("Hi", 2);
+  unknown.set_model("nope");
+  CHECK(Generate(*stub, unknown, "k").status.error_code() == grpc::StatusCode::NOT_FOUND);
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer k");
+    pb::TokenizeRequest req;
+    req.set_model(kModelName);
+    req.set_text("Hello");
+    pb::TokenizeResponse res;
+    REQUIRE(stub->Tokenize(&ctx, req, &res).ok());
+  }
+  {
+    auto health = grpc::health::v1::Health::NewStub(channel);
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckResponse res;
+    REQUIRE(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &res).ok());
+  }
+  {
+    // A method no service has: counted, under "other" (clients cannot grow the label set).
+    grpc::GenericStub generic(channel);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, 10);
+    grpc::Slice empty("");
+    grpc::ByteBuffer request(&empty, 1), reply;
+    grpc::Status status;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    generic.UnaryCall(&ctx, "/thermocline.v1.Inference/NoSuchMethod", grpc::StubOptions(), &request,
+                      &reply, [&](grpc::Status s) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        status = s;
+                        done = true;
+                        cv.notify_all();
+                      });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    CHECK(status.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+  }
+  const std::string m = Http(d.port(), "GET", "/metrics", "", {{"Authorization", "Bearer k"}}).body;
+  INFO(m);
+  auto count = [&](const std::string& method, const std::string& status) {
+    return MetricValue(m, "thermocline_requests_total{frontend=\"grpc\",endpoint=\"" + method +
+                              "\",status=\"" + status + "\"}");
+  };
+  CHECK(count("/thermocline.v1.Inference/Generate", "OK") == 2);
+  CHECK(count("/thermocline.v1.Inference/Generate", "UNAUTHENTICATED") == 1);
+  CHECK(count("/thermocline.v1.Inference/Generate", "NOT_FOUND") == 1);
+  CHECK(count("/thermocline.v1.Inference/Tokenize", "OK") == 1);
+  CHECK(count("/grpc.health.v1.Health/Check", "OK") == 1);
+  CHECK(count("other", "UNIMPLEMENTED") == 1);
+  CHECK(m.find("NoSuchMethod") == std::string::npos);
+}
+
+TEST_CASE("grpc: stop is prompt while a client holds an idle connection", "[server][grpc]") {
+  REQUIRE_STORIES_MODEL();
+  DaemonProcess d;
+  auto channel = Channel(d);
+  auto stub = pb::Inference::NewStub(channel);
+  CheckFinal(Generate(*stub, TextRequest("Once upon a time", 2)), Reply::MAX_TOKENS);
+  REQUIRE(channel->GetState(false) == GRPC_CHANNEL_READY);  // connected, no call in flight
+  const auto start = Clock::now();
+  CHECK(d.Stop() == 0);
+  const double seconds = SecondsSince(start);
+  INFO(d.Log());
+  CHECK(seconds < 2.0);
 }
 
 TEST_CASE("grpc admin: register, get, list, watch, ALREADY_EXISTS, NOT_FOUND, delete",
