@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "offline/sparse_loader.h"
 #include "server/model_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -81,10 +80,10 @@ absl::StatusOr<Session*> DecodeLoop::Prepare(const std::shared_ptr<const LoadedM
     if (source != nullptr) {
       SparseFfnOptions options;
       options.dense_prefill = true;
-      auto plan = offline::SparsePlanFromSidecar(source->sidecar, *model.model);
+      auto weights = model.SparseWeightsFor(source, pool_);
       absl::StatusOr<std::unique_ptr<SparseFfn>> ffn =
-          plan.ok() ? SparseFfn::Create(*model.model, std::move(*plan), &pool_, options)
-                    : absl::StatusOr<std::unique_ptr<SparseFfn>>(plan.status());
+          weights.ok() ? SparseFfn::Create(*std::move(weights), &pool_, options)
+                       : absl::StatusOr<std::unique_ptr<SparseFfn>>(weights.status());
       if (ffn.ok()) {
         m.sparse = std::move(*ffn);
         m.sparse->set_session(m.session.get());

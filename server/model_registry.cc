@@ -61,6 +61,23 @@ LoadedModel::LoadedModel(ServedModel* served, std::shared_ptr<ResidentMemory> re
   resident_->bytes.fetch_add(bytes);
 }
 
+absl::StatusOr<std::shared_ptr<const SparseWeights>> LoadedModel::SparseWeightsFor(
+    const std::shared_ptr<const SparseSource>& source, ThreadPool& pool) const {
+  std::lock_guard<std::mutex> lock(sparse_mu_);
+  if (sparse_for_ != source || sparse_weights_ == nullptr) {
+    sparse_weights_.reset();  // the old copy goes once no slot uses it
+    sparse_for_ = source;
+    auto plan = offline::SparsePlanFromSidecar(source->sidecar, *model);
+    if (!plan.ok()) return plan.status();
+    auto weights = SparseWeights::Build(*model, *std::move(plan), pool);
+    if (!weights.ok()) return weights.status();
+    sparse_weights_ = *std::move(weights);
+    spdlog::info("model '{}': sparse rows in firing order, {} MiB", served->config.name,
+                 sparse_weights_->bytes() >> 20);
+  }
+  return sparse_weights_;
+}
+
 LoadedModel::~LoadedModel() {
   resident_->models.fetch_sub(1);
   resident_->bytes.fetch_sub(bytes);

@@ -27,6 +27,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/llama_model.h"
+#include "engine/sparse/sparse_ffn.h"
+#include "engine/util/thread_pool.h"
 #include "nlohmann/json.hpp"
 #include "offline/sidecar/sidecar.h"
 #include "server/chat_template.h"
@@ -84,6 +86,11 @@ struct LoadedModel {
   bool unloaded() const { return unloaded_.load(std::memory_order_acquire); }
   // Requests using it now: leases not ended (the LRU prefers to unload a model with none).
   int leases() const { return leases_.load(std::memory_order_relaxed); }
+  // The sparse FFN weights of this load for `source` (rows in firing order, down_t), built by
+  // the first slot that asks, over its pool, and shared by every slot: one copy per load and
+  // sidecar, freed with the load. A different source replaces the cached one.
+  absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeightsFor(
+      const std::shared_ptr<const SparseSource>& source, ThreadPool& pool) const;
 
  private:
   friend class ModelRegistry;
@@ -91,6 +98,9 @@ struct LoadedModel {
   mutable std::atomic<int> leases_{0};
   mutable std::atomic<bool> unloaded_{false};
   std::shared_ptr<ResidentMemory> resident_;
+  mutable std::mutex sparse_mu_;  // guards the two below; held while building (seconds, once)
+  mutable std::shared_ptr<const SparseSource> sparse_for_;
+  mutable std::shared_ptr<const SparseWeights> sparse_weights_;
 };
 
 // A request's hold on a loaded model: keeps it in memory and counts it as busy until EndUse.
