@@ -143,9 +143,9 @@ void Session::CpuLayer(int l, int64_t n) {
   for (int64_t t = 0; t < n; ++t) {
     RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
   }
-  MatMul(*pool_, L.wq, xb_.data(), n, q_.data(), scratch_);
-  MatMul(*pool_, L.wk, xb_.data(), n, k_.data(), scratch_);
-  MatMul(*pool_, L.wv, xb_.data(), n, v_.data(), scratch_);
+  const WeightView* qkv[] = {&L.wq, &L.wk, &L.wv};
+  float* const qkv_out[] = {q_.data(), k_.data(), v_.data()};
+  MatMulSameInput(*pool_, qkv, xb_.data(), n, qkv_out, scratch_);
   Attention(l, n);
   MatMul(*pool_, L.wo, att_out_.data(), n, xb_.data(), scratch_);
   for (int64_t i = 0; i < n * d; ++i) x_[i] += xb_[i];
@@ -171,6 +171,10 @@ void Session::DenseFfn(int layer, const float* x, const float* xn, int64_t n, fl
   MatMul(*pool_, L.ffn_down, gate_.data(), n, out, scratch_);
 }
 
+// Multiply-adds of attention (positions × head_dim per head) below which a part of the heads
+// is not worth handing to another thread.
+constexpr int64_t kAttentionWorkPerPart = int64_t{1} << 17;
+
 void Session::Attention(int layer, int64_t n) {
   const LlamaHparams& h = model_.hparams();
   const int64_t kv_dim = h.kv_dim(), head_dim = h.head_dim;
@@ -185,7 +189,10 @@ void Session::Attention(int layer, int64_t n) {
   }
   const int64_t group = h.n_head / h.n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  pool_->ParallelFor(n * h.n_head, 1, [&](int thread, int64_t begin, int64_t end) {
+  const auto dot = KernelsFor(GgmlType::kF32)->vec_dot;  // SIMD q · k
+  // Heads per part: enough work to pay for a hand-off (a short context stays on this thread).
+  const int64_t grain = std::max<int64_t>(1, kAttentionWorkPerPart / ((n_past_ + n) * head_dim));
+  pool_->ParallelFor(n * h.n_head, grain, [&](int thread, int64_t begin, int64_t end) {
     float* scores = scores_.data() + thread * n_ctx_;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / h.n_head, head = item % h.n_head;
@@ -193,10 +200,7 @@ void Session::Attention(int layer, int64_t n) {
       const int64_t n_kv = n_past_ + t + 1;  // causal: positions 0 .. n_past + t
       const float* q = q_.data() + t * h.q_dim() + head * head_dim;
       for (int64_t j = 0; j < n_kv; ++j) {
-        const float* k = k_cache + j * kv_dim + kv_off;
-        float dot = 0.0f;
-        for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * k[i];
-        scores[j] = dot * scale;
+        scores[j] = dot(head_dim, k_cache + j * kv_dim + kv_off, q) * scale;
       }
       Softmax(scores, n_kv);
       float* out = att_out_.data() + t * h.q_dim() + head * head_dim;

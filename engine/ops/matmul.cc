@@ -174,6 +174,51 @@ void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tok
   });
 }
 
+void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, const float* x,
+                     int64_t n_tokens, absl::Span<float* const> y, MatMulScratch& scratch) {
+  const Isa isa = BestIsa();
+  const QuantDot* quant = w.empty() ? nullptr : ops_internal::QuantDotFor(w[0]->type, isa);
+  bool shared = n_tokens == 1 && quant != nullptr && w.size() <= 4;
+  for (const WeightView* m : w) shared = shared && m->type == w[0]->type && m->cols == w[0]->cols;
+  if (!shared) {
+    for (size_t i = 0; i < w.size(); ++i) MatMul(pool, *w[i], x, n_tokens, y[i], scratch, isa);
+    return;
+  }
+  const int64_t cols = w[0]->cols;
+  uint8_t* panel = Align64(scratch.data());
+  const size_t pad = static_cast<size_t>(panel - scratch.data());
+  if (static_cast<size_t>(PanelRowBytes(cols)) + pad > scratch.size()) {
+    Fatal("scratch too small", *w[0]);
+  }
+  quant->quantize_panel(x, cols, quant->offset, panel);
+  // Chunks as RunTiles cuts them, per matrix, in one list the threads draw from.
+  struct Chunk {
+    int32_t m;
+    int64_t r0, r1;
+  };
+  constexpr int64_t kChunksPerMatrix = 64;
+  Chunk chunks[4 * kChunksPerMatrix];
+  int n_chunks = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int64_t rows = w[i]->rows;
+    const int64_t chunk = std::max(
+        std::clamp(rows / (4 * pool.size()) / kRowBlock * kRowBlock, kRowBlock, 8 * kRowBlock),
+        (rows + kChunksPerMatrix - 1) / kChunksPerMatrix);
+    for (int64_t r = 0; r < rows; r += chunk) {
+      chunks[n_chunks++] = {static_cast<int32_t>(i), r, std::min(rows, r + chunk)};
+    }
+  }
+  ParallelChunks(pool, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const WeightView& m = *w[chunks[c].m];
+      float* out = y[chunks[c].m];
+      for (int64_t r = chunks[c].r0; r < chunks[c].r1; ++r) {
+        quant->dot(cols, m.row(r), panel, 0, 1, out + r);
+      }
+    }
+  });
+}
+
 void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
   const TypeKernels* kernels = KernelsFor(w.type, Isa::kScalar);
   if (kernels == nullptr) Fatal("no kernels for this type", w);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "engine/ops/ggml_types.h"
 #include "engine/ops/kernels.h"
 #include "engine/util/thread_pool.h"
@@ -43,6 +44,13 @@ void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tok
 // The same with the kernels of a given ISA (one of AvailableIsas()), for tests and benchmarks.
 void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens, float* y,
             MatMulScratch& scratch, Isa isa);
+
+// Several weights over the same x (attention's Q, K and V): for one token of quantized
+// weights of one type, x is converted once and the rows of all of them are shared out in one
+// hand-off to the pool (small K and V matrices cost a hand-off each otherwise); else one MatMul
+// each. y[i]: (n_tokens, w[i]->rows).
+void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, const float* x,
+                     int64_t n_tokens, absl::Span<float* const> y, MatMulScratch& scratch);
 
 // Scalar reference of MatMul (dequantize each row, dot in float): for tests only.
 void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y);

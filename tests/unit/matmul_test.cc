@@ -135,6 +135,39 @@ TEST_CASE("MatMul matches its references for every type", "[matmul]") {
   }
 }
 
+// Q, K and V shapes (one shared hand-off for quantized single tokens, one MatMul each
+// otherwise): every output equals its own MatMul bit for bit (the same kernels on the same
+// converted activations), for 1 to 3 threads.
+TEST_CASE("MatMulSameInput equals one MatMul per weight", "[matmul]") {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16}) {
+    const int64_t cols = 160;
+    const Matrix q = RandomMatrix(type, 300, cols, 1), k = RandomMatrix(type, 37, cols, 2),
+                 v = RandomMatrix(type, 5000, cols, 3);  // more rows than 64 chunks of 32
+    std::mt19937 rng(9);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (int64_t n_tokens : {1, 3}) {
+      std::vector<float> x(n_tokens * cols);
+      for (float& f : x) f = dist(rng);
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        MatMulScratch scratch;
+        scratch.Reserve(n_tokens, cols);
+        const WeightView* w[] = {&q.view, &k.view, &v.view};
+        std::vector<float> got[3], want[3];
+        for (int i = 0; i < 3; ++i) {
+          got[i].assign(n_tokens * w[i]->rows, -1.0f);
+          want[i].resize(n_tokens * w[i]->rows);
+          MatMul(pool, *w[i], x.data(), n_tokens, want[i].data(), scratch);
+        }
+        float* const y[] = {got[0].data(), got[1].data(), got[2].data()};
+        MatMulSameInput(pool, w, x.data(), n_tokens, y, scratch);
+        INFO(TypeName(type) << " tokens " << n_tokens << " threads " << threads);
+        for (int i = 0; i < 3; ++i) CHECK(got[i] == want[i]);
+      }
+    }
+  }
+}
+
 TEST_CASE("MatMulScratch::Reserve only grows", "[matmul]") {
   MatMulScratch scratch;
   scratch.Reserve(8, 2048);
