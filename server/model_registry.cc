@@ -66,12 +66,16 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> LoadedModel::SparseWeightsF
   std::lock_guard<std::mutex> lock(sparse_mu_);
   if (sparse_for_ != source || sparse_weights_ == nullptr) {
     sparse_weights_.reset();  // the old copy goes once no slot uses it
+    resident_->bytes.fetch_sub(sparse_bytes_.exchange(0));
     sparse_for_ = source;
     auto plan = offline::SparsePlanFromSidecar(source->sidecar, *model);
     if (!plan.ok()) return plan.status();
     auto weights = SparseWeights::Build(*model, *std::move(plan), pool);
     if (!weights.ok()) return weights.status();
     sparse_weights_ = *std::move(weights);
+    // Charged like the weights: the next load that needs room counts them.
+    const int64_t b = static_cast<int64_t>(sparse_weights_->bytes());
+    resident_->bytes.fetch_add(b - sparse_bytes_.exchange(b));
     spdlog::info("model '{}': sparse rows in firing order, {} MiB", served->config.name,
                  sparse_weights_->bytes() >> 20);
   }
@@ -80,7 +84,7 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> LoadedModel::SparseWeightsF
 
 LoadedModel::~LoadedModel() {
   resident_->models.fetch_sub(1);
-  resident_->bytes.fetch_sub(bytes);
+  resident_->bytes.fetch_sub(charged_bytes());
   if (!unloaded_.load()) return;  // a load that failed half-way, or the daemon's end
   spdlog::info("model '{}' freed ({} MiB)", served->config.name, bytes >> 20);
   if (served->unloading_.fetch_sub(1) == 1) {
@@ -330,7 +334,7 @@ bool ModelRegistry::MakeRoomLocked(const ServedModel* keep, int64_t need) {
     for (ServedModel* m : models()) {
       const std::shared_ptr<const LoadedModel> l = m->loaded();
       if (l == nullptr) continue;
-      used += l->bytes;
+      used += l->charged_bytes();
       if (m == keep) continue;
       // Idle before busy (a busy model's memory is only freed when its requests end), then
       // least recently used.
@@ -375,10 +379,10 @@ absl::Status ModelRegistry::LoadAll() {
     // Checked; under a budget that the models loaded before it fill, it waits for a request.
     int64_t used = 0;
     for (ServedModel* o : models()) {
-      if (auto l = o->loaded()) used += l->bytes;
+      if (auto l = o->loaded()) used += l->charged_bytes();
     }
     const std::shared_ptr<const LoadedModel> l = m->loaded();
-    if (memory_budget_ > 0 && used > memory_budget_ && used > l->bytes) {
+    if (memory_budget_ > 0 && used > memory_budget_ && used > l->charged_bytes()) {
       UnloadLocked(m, "it loads again on its first request: registry.model_memory_budget");
     }
   }

@@ -74,6 +74,8 @@ struct LoadedModel {
   int64_t n_ctx = 0;                        // context of each slot's session
   int64_t created = 0;                      // unix seconds when it became ready
   int64_t bytes = 0;  // charged against the budget: the GGUF file's size (it is mapped)
+  // What the budget counts: bytes plus the sparse FFN copies built for this load.
+  int64_t charged_bytes() const { return bytes + sparse_bytes_.load(std::memory_order_relaxed); }
 
   LoadedModel(ServedModel* served, std::shared_ptr<ResidentMemory> resident, int64_t bytes);
   ~LoadedModel();  // the served model turns kUnloaded when this was its unloaded instance
@@ -101,6 +103,7 @@ struct LoadedModel {
   mutable std::mutex sparse_mu_;  // guards the two below; held while building (seconds, once)
   mutable std::shared_ptr<const SparseSource> sparse_for_;
   mutable std::shared_ptr<const SparseWeights> sparse_weights_;
+  mutable std::atomic<int64_t> sparse_bytes_{0};  // sparse_weights_->bytes(), charged
 };
 
 // A request's hold on a loaded model: keeps it in memory and counts it as busy until EndUse.

@@ -38,6 +38,12 @@ TEST_CASE("serve --sparse: a sidecar serves relu-tiny sparse with the dense gree
   const std::string metrics = Http(d.port(), "GET", "/metrics").body;
   CHECK(MetricValue(metrics, "thermocline_model_sparse{model=\"relu-sparse\"}") == 1);
   CHECK(MetricValue(metrics, "thermocline_model_sparse{model=\"relu-dense\"}") == 0);
+  // The budget counts both mapped files and the sparse model's copies of its FFN rows (gate,
+  // up and down_t in firing order): more than nothing, less than the whole file.
+  const double file = static_cast<double>(std::filesystem::file_size(ReluModel()));
+  const double copies = MetricValue(metrics, "thermocline_model_memory_bytes") - 2 * file;
+  CHECK(copies > 0);
+  CHECK(copies < file);
 }
 
 TEST_CASE("serve: sparse = on without a sidecar fails with what to do", "[registry][sparse]") {
