@@ -101,8 +101,21 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
     const int32_t* order = y.neuron_of.data();
     std::vector<int32_t> slot_of(h.n_ff);
     for (int32_t s = 0; s < h.n_ff; ++s) slot_of[order[s]] = s;
-    y.gate = GatherRows(pool, L.ffn_gate, order, h.n_ff);
-    y.up = GatherRows(pool, L.ffn_up, order, h.n_ff);
+    // A neuron's gate and up rows side by side where they share a type: what the hardware
+    // prefetcher streams past the end of a gate row is then its up row, needed when the gate
+    // fires, not the next neuron's gate row. 1.1B synthetic model, 2 threads, 7 alternating
+    // runs: median ratio 1.83x interleaved, 1.73x separate.
+    absl::StatusOr<InterleavedGateUp> gu = InterleaveGateUp(pool, L.ffn_gate, L.ffn_up, order);
+    if (gu.ok()) {
+      y.gate_rows = std::move(gu->storage);
+      y.gate = gu->gate;
+      y.up = gu->up;
+    } else {
+      y.gate_rows = GatherRows(pool, L.ffn_gate, order, h.n_ff);
+      y.up_rows = GatherRows(pool, L.ffn_up, order, h.n_ff);
+      y.gate = y.gate_rows.view;
+      y.up = y.up_rows.view;
+    }
     // A PowerInfer file's own ffn_down_t is gathered as it is; else down is transposed.
     absl::StatusOr<OwnedWeight> down_t = L.ffn_down_t.data != nullptr
                                              ? GatherRows(pool, L.ffn_down_t, order, h.n_ff)
@@ -127,7 +140,8 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
 uint64_t SparseWeights::bytes() const {
   uint64_t total = 0;
   for (const Layer& y : layers_) {
-    total += y.gate.data.size() + y.up.data.size() + y.down_t.data.size() + y.fc2_t.data.size();
+    total += y.gate_rows.data.size() + y.up_rows.data.size() + y.down_t.data.size() +
+             y.fc2_t.data.size();
   }
   return total;
 }
@@ -163,8 +177,8 @@ absl::Status SparseFfn::StartGpu() {
   for (size_t l = 0; l < plan().size(); ++l) {
     const SparseWeights::Layer& y = weights_->layer(static_cast<int>(l));
     gpu::GpuFfnLayerSpec layer;
-    layer.gate = y.gate.view;
-    layer.up = y.up.view;
+    layer.gate = y.gate;
+    layer.up = y.up;
     layer.down_t = y.down_t.view;
     for (int32_t s = 0; s < h.n_ff; ++s) {
       if (y.on_device[s]) device_slots[l].push_back(s);
@@ -279,9 +293,9 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
       }
     }
   }
-  PrepareActivations(y.gate.view.type, isa_, xn, h.n_embd, x_gate_.data());
-  if (y.up.view.type != y.gate.view.type) {
-    PrepareActivations(y.up.view.type, isa_, xn, h.n_embd, x_up_.data());
+  PrepareActivations(y.gate.type, isa_, xn, h.n_embd, x_gate_.data());
+  if (y.up.type != y.gate.type) {
+    PrepareActivations(y.up.type, isa_, xn, h.n_embd, x_up_.data());
   }
   const auto t1 = std::chrono::steady_clock::now();
   pool_->Run([&](int lane) { RunLane(layer, lane); });
@@ -329,8 +343,8 @@ void SparseFfn::RunLane(int layer, int lane_index) {
   }
   if (lane_index == 0) lane.predictor_s = Seconds(t0, std::chrono::steady_clock::now());
   lane.predicted = n;
-  const WeightView& gw = y.gate.view;
-  const WeightView& uw = y.up.view;
+  const WeightView& gw = y.gate;
+  const WeightView& uw = y.up;
   const void* x_up = uw.type == gw.type ? x_gate_.data() : x_up_.data();
   SparseRowDots(isa_, gw, x_gate_.data(), idx, n, gate);
   if (GateDecides(h.activation)) {
@@ -382,8 +396,8 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
   const bool have_act = options_.oracle;
   if (options_.oracle) {
     // Exact active set: dense gate/up, neurons whose activation passes the threshold.
-    MatMul(*pool_, y.gate.view, xn, 1, dense_gate_.data(), matmul_scratch_);
-    MatMul(*pool_, y.up.view, xn, 1, dense_up_.data(), matmul_scratch_);
+    MatMul(*pool_, y.gate, xn, 1, dense_gate_.data(), matmul_scratch_);
+    MatMul(*pool_, y.up, xn, 1, dense_up_.data(), matmul_scratch_);
     GatedActivation(h.activation, dense_gate_.data(), dense_up_.data(), h.n_ff);
     for (int64_t i = 0; i < h.n_ff; ++i) {
       if (std::fabs(dense_gate_[i]) > p.magnitude_threshold) add(i, dense_gate_[i], true);
@@ -406,9 +420,9 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
   if (!have_act) {
     // xn prepared once per layer (once for both when gate and up share a type), shared
     // read-only by both executors.
-    PrepareActivations(y.gate.view.type, isa_, xn, h.n_embd, x_gate_.data());
-    if (y.up.view.type != y.gate.view.type) {
-      PrepareActivations(y.up.view.type, isa_, xn, h.n_embd, x_up_.data());
+    PrepareActivations(y.gate.type, isa_, xn, h.n_embd, x_gate_.data());
+    if (y.up.type != y.gate.type) {
+      PrepareActivations(y.up.type, isa_, xn, h.n_embd, x_up_.data());
     }
   }
   if (gpu_ != nullptr && n_dev > 0) {
@@ -450,8 +464,8 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
   const SparseLayerPlan& p = plan()[layer];
   ThreadPool& pool = *e.pool;
   if (!have_act) {
-    const WeightView& gate = y.gate.view;
-    const WeightView& up = y.up.view;
+    const WeightView& gate = y.gate;
+    const WeightView& up = y.up;
     const void* x_up = up.type == gate.type ? x_gate_.data() : x_up_.data();
     if (GateDecides(model_.hparams().activation)) {
       // ReLU family: a neuron whose gate is <= 0 is zero whatever its up, so up (and down)

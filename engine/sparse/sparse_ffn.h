@@ -45,14 +45,15 @@ absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromModel(const LlamaMode
 // the profile's hottest neurons first, so that the rows that fire on most tokens are read as
 // one stream rather than scattered; the copies are on huge pages (engine/util/huge_pages.h),
 // where scattered rows cost no TLB miss each. Slot s holds neuron neuron_of[s]: active sets,
-// predictor logits and the device part are all in slot order. Costs the RAM of gate, up and
-// down once more (down_t is needed anyway; the model's gate and up are then read by prefill
-// only).
+// predictor logits and the device part are all in slot order. Gate and up rows of a neuron
+// are interleaved when they share a type. Costs the RAM of gate, up and down once more (down_t is
+// needed anyway; the model's gate and up are then read by prefill only).
 class SparseWeights {
  public:
   struct Layer {
     std::vector<int32_t> neuron_of;  // (n_ff) slot → neuron
-    OwnedWeight gate, up;            // (n_ff, n_embd) rows in slot order
+    WeightView gate, up;             // (n_ff, n_embd) rows in slot order, over the copies:
+    OwnedWeight gate_rows, up_rows;  // interleaved (gate_rows holds both) or separate
     OwnedWeight down_t;              // (n_ff, n_embd) down's columns as rows, slot order
     OwnedWeight fc2_t;               // (rank, n_ff) the predictor's fc2ᵀ, columns in slot order
     std::vector<float> b2;           // (n_ff) slot order

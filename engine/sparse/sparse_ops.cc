@@ -300,7 +300,7 @@ OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* ord
 }
 
 absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,
-                                                   const WeightView& up) {
+                                                   const WeightView& up, const int32_t* order) {
   if (gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols) {
     return absl::InvalidArgumentError(
         absl::StrCat("gate (", TypeName(gate.type), " ", gate.rows, "x", gate.cols, ") and up (",
@@ -309,14 +309,13 @@ absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const Weigh
   }
   InterleavedGateUp g;
   const size_t rb = RowBytes(gate.type, gate.cols);
-  g.storage.view = {gate.type, 2 * gate.rows, gate.cols, nullptr, rb};
-  g.storage.data.resize(2 * rb * gate.rows);
+  g.storage = OwnedWeight::Allocate(gate.type, 2 * gate.rows, gate.cols);
   uint8_t* dst = g.storage.data.data();
-  g.storage.view.data = dst;
   pool.ParallelFor(gate.rows, 64, [&](int, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      std::memcpy(dst + 2 * r * rb, gate.row(r), rb);
-      std::memcpy(dst + (2 * r + 1) * rb, up.row(r), rb);
+      const int64_t src = order != nullptr ? order[r] : r;
+      std::memcpy(dst + 2 * r * rb, gate.row(src), rb);
+      std::memcpy(dst + (2 * r + 1) * rb, up.row(src), rb);
     }
   });
   g.gate = {gate.type, gate.rows, gate.cols, dst, 2 * rb};

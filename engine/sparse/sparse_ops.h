@@ -84,9 +84,11 @@ struct InterleavedGateUp {
   OwnedWeight storage;  // (2 n_ff, n_embd)
   WeightView gate, up;  // (n_ff, n_embd) each, row_bytes = 2 × a row
 };
-// gate, up: (n_ff, n_embd) of one type. Parallel over the pool.
+// gate, up: (n_ff, n_embd) of one type. Parallel over the pool. With `order` (n_ff entries),
+// pair k holds neuron order[k]'s rows.
 absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,
-                                                   const WeightView& up);
+                                                   const WeightView& up,
+                                                   const int32_t* order = nullptr);
 
 // ---- Down: axpy over down_t rows ----
 
