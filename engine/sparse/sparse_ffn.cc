@@ -231,13 +231,15 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
     lane.up.resize(h.n_ff);
     lane.acc.resize(h.n_embd);
   }
-  // Slices of equal expected work: a slot weighs its firing count plus the mean count (gate
-  // rows of predicted neurons that do not fire, and the colder slots' scattered rows cost more
-  // per row than the hot block's stream: on the 1.1B synthetic model, 2 threads, this weight
-  // gave lane times of 211 and 219 us per layer where a quarter of the mean gave 196 and 246).
-  // Bounds are multiples of kLaneAlign slots, so that a slice of a quantized fc2ᵀ row starts
-  // on a block.
-  constexpr int64_t kLaneAlign = 64;
+  // Chunks of equal expected work, kChunksPerThread per thread, that the threads claim as they
+  // come (a token's active set varies, and a static split waited ≈ 20 µs per layer for the
+  // slower half). A slot weighs its firing count plus the mean count (gate rows of predicted
+  // neurons that do not fire; the colder slots' scattered rows cost more per row than the hot
+  // block's stream). Bounds are multiples of kChunkAlign slots, so that a chunk of a quantized
+  // fc2ᵀ row starts on a block.
+  constexpr int64_t kChunkAlign = 64;
+  constexpr int kChunksPerThread = 4;
+  const int n_chunks = kChunksPerThread * n_lanes;
   for (size_t l = 0; l < plan().size(); ++l) {
     const std::vector<int32_t>& count = plan()[l].fire_count;
     const std::vector<int32_t>& neuron_of = weights_->layer(static_cast<int>(l)).neuron_of;
@@ -249,15 +251,15 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
       const double c = count.empty() ? 1.0 : count[neuron_of[s]];
       cum[s + 1] = cum[s] + c + mean;
     }
-    std::vector<int64_t> bounds(n_lanes + 1, h.n_ff);
-    bounds[0] = 0;
-    for (int k = 1; k < n_lanes; ++k) {
-      const double target = cum[h.n_ff] * k / n_lanes;
+    std::vector<int64_t> bounds = {0};
+    for (int k = 1; k <= n_chunks; ++k) {
+      const double target = cum[h.n_ff] * k / n_chunks;
       int64_t b = std::lower_bound(cum.begin(), cum.end(), target) - cum.begin();
-      b = (b + kLaneAlign / 2) / kLaneAlign * kLaneAlign;
-      bounds[k] = std::clamp<int64_t>(b, bounds[k - 1], h.n_ff);
+      b = k == n_chunks ? h.n_ff : (b + kChunkAlign / 2) / kChunkAlign * kChunkAlign;
+      b = std::min<int64_t>(b, h.n_ff);
+      if (b > bounds.back()) bounds.push_back(b);  // empty chunks dropped
     }
-    lane_bounds_.push_back(std::move(bounds));
+    chunk_bounds_.push_back(std::move(bounds));
   }
   if (options_.split || options_.gpu) {
     device_pool_ = std::make_unique<ThreadPool>(std::max(1, options_.device_threads));
@@ -298,6 +300,7 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
     PrepareActivations(y.up.type, isa_, xn, h.n_embd, x_up_.data());
   }
   const auto t1 = std::chrono::steady_clock::now();
+  next_chunk_.store(0, std::memory_order_relaxed);
   pool_->Run([&](int lane) { RunLane(layer, lane); });
   std::copy_n(lanes_[0].acc.data(), h.n_embd, out);
   for (size_t k = 1; k < lanes_.size(); ++k) {
@@ -316,23 +319,33 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
 }
 
 void SparseFfn::RunLane(int layer, int lane_index) {
+  Lane& lane = lanes_[lane_index];
+  lane.predicted = lane.fired = 0;
+  lane.predictor_s = 0;
+  std::fill(lane.acc.begin(), lane.acc.end(), 0.0f);
+  const std::vector<int64_t>& bounds = chunk_bounds_[layer];
+  const int n_chunks = static_cast<int>(bounds.size()) - 1;
+  for (int c = next_chunk_.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
+       c = next_chunk_.fetch_add(1, std::memory_order_relaxed)) {
+    RunChunk(layer, lane, bounds[c], bounds[c + 1], lane_index == 0);
+  }
+}
+
+void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool time_it) {
   const auto t0 = std::chrono::steady_clock::now();
   const LlamaHparams& h = model_.hparams();
   const SparseWeights::Layer& y = weights_->layer(layer);
   const SparseLayerPlan& p = plan()[layer];
-  Lane& lane = lanes_[lane_index];
-  const int64_t begin = lane_bounds_[layer][lane_index], end = lane_bounds_[layer][lane_index + 1];
   int32_t* idx = lane.idx.data();
   float* gate = lane.gate.data();
   float* up = lane.up.data();
   int64_t n = 0;
   if (p.rank > 0) {
-    // This slice's logits: fc2ᵀ rows of the hidden units that fired, restricted to its slots.
+    // This chunk's logits: fc2ᵀ rows of the hidden units that fired, restricted to its slots.
     float* logits = logits_.data() + begin;
-    if (end > begin) {
-      SparseAxpyRows(isa_, y.fc2_t.view, begin, end - begin, hidden_idx_.data(), hidden_nz_.data(),
-                     n_hidden_nz_, logits);
-    }
+    std::fill(logits, logits + (end - begin), 0.0f);
+    SparseAxpyRows(isa_, y.fc2_t.view, begin, end - begin, hidden_idx_.data(), hidden_nz_.data(),
+                   n_hidden_nz_, logits);
     const float thr = p.threshold;
     const float* b2 = y.b2.data();
     for (int64_t s = begin; s < end; ++s) {
@@ -341,8 +354,8 @@ void SparseFfn::RunLane(int layer, int lane_index) {
   } else {
     for (int64_t s = begin; s < end; ++s) idx[n++] = static_cast<int32_t>(s);
   }
-  if (lane_index == 0) lane.predictor_s = Seconds(t0, std::chrono::steady_clock::now());
-  lane.predicted = n;
+  if (time_it) lane.predictor_s += Seconds(t0, std::chrono::steady_clock::now());
+  lane.predicted += n;
   const WeightView& gw = y.gate;
   const WeightView& uw = y.up;
   const void* x_up = uw.type == gw.type ? x_gate_.data() : x_up_.data();
@@ -369,7 +382,7 @@ void SparseFfn::RunLane(int layer, int lane_index) {
       gate[m++] = gate[j];
     }
   }
-  lane.fired = m;
+  lane.fired += m;
   SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, gate, m, lane.acc.data());
 }
 

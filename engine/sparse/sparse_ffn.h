@@ -7,6 +7,7 @@
 // "device" executor is a second CPU thread pool; a GPU executor plugs into the same split.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -133,10 +134,10 @@ class SparseFfn : public FfnBackend {
 
  private:
   struct Executor;
-  // One thread's share of a layer on the fused path: its slice of the slots, from predictor
-  // logits to its partial down sum.
+  // One thread's share of a layer on the fused path: the chunks of slots it claimed, from
+  // predictor logits to its partial down sum.
   struct Lane {
-    std::vector<int32_t> idx;  // (n_ff) active slots of the slice
+    std::vector<int32_t> idx;  // (n_ff) active slots of the chunk at hand
     std::vector<float> gate;   // (n_ff) compact: gate, then the activation
     std::vector<float> up;     // (n_ff)
     std::vector<float> acc;    // (n_embd) partial output
@@ -146,11 +147,14 @@ class SparseFfn : public FfnBackend {
   SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* pool,
             const SparseFfnOptions& options);
   void ForwardToken(int layer, const float* xn, float* out);
-  // The host-only path (no device part, no oracle): one hand-off to the pool per layer, each
-  // thread taking a slice of the slots through predictor, gate, up and down, balanced by the
-  // profile's firing counts. Then the slices' sums are added.
+  // The host-only path (no device part, no oracle): one hand-off to the pool per layer, the
+  // threads claiming chunks of the slots (of equal expected work by the profile's firing
+  // counts) and taking each through predictor, gate, up and down into their own sums, which
+  // are added at the end.
   void ForwardTokenFused(int layer, const float* xn, float* out);
   void RunLane(int layer, int lane);
+  // Slots [begin, end) of `layer` into lane's counts and accumulator.
+  void RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool time_it);
   // One executor's share: idx (n) active neurons; act given (oracle) or computed from gate/up.
   void RunPart(int layer, Executor& e, int64_t n, bool have_act);
   // Uploads the device part to the GPU (options.gpu); no device leaves it on the CPU.
@@ -164,10 +168,11 @@ class SparseFfn : public FfnBackend {
   std::unique_ptr<ThreadPool> device_pool_;
   std::unique_ptr<ThreadPool> dispatch_pool_;  // 2 threads: host part, device part
   std::unique_ptr<Executor> host_, device_;
-  std::vector<Lane> lanes_;                        // (pool size) fused path
-  std::vector<std::vector<int64_t>> lane_bounds_;  // per layer: pool size + 1 slot bounds
-  std::vector<int32_t> hidden_idx_;                // predictor hidden units that are > 0
-  std::vector<float> hidden_nz_;                   // and their values
+  std::vector<Lane> lanes_;                         // (pool size) fused path
+  std::vector<std::vector<int64_t>> chunk_bounds_;  // per layer: slot bounds of the chunks
+  std::atomic<int> next_chunk_{0};                  // the next chunk a lane claims
+  std::vector<int32_t> hidden_idx_;                 // predictor hidden units that are > 0
+  std::vector<float> hidden_nz_;                    // and their values
   int64_t n_hidden_nz_ = 0;
   std::unique_ptr<gpu::GpuFfnExecutor> gpu_;
   absl::Status gpu_status_ = absl::FailedPreconditionError("GPU not requested");

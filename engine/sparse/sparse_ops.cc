@@ -111,9 +111,7 @@ void AxpyInto(AxpyFn axpy, const WeightView& w_t, int64_t col0, int64_t cols, co
 void SparseAxpyRows(Isa isa, const WeightView& w_t, int64_t col0, int64_t cols, const int32_t* idx,
                     const float* act, int64_t n, float* out) {
   if (AxpyFor(w_t.type, isa) == nullptr) isa = Isa::kScalar;
-  const AxpyFn axpy = AxpyFor(w_t.type, isa);
-  std::fill_n(out, cols, 0.0f);
-  AxpyInto(axpy, w_t, col0, cols, idx, act, n, out);
+  AxpyInto(AxpyFor(w_t.type, isa), w_t, col0, cols, idx, act, n, out);
 }
 
 size_t PreparedBytes(GgmlType type, int64_t n) { return RowDot::PreparedBytes(type, n); }

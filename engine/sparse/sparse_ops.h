@@ -69,7 +69,7 @@ void SparseGateUp(ThreadPool& pool, Isa isa, const WeightView& gate, const void*
 // y[j] = dot(w.row(idx[j]), x) for j < n, on the calling thread (SparseMatVec's part).
 void SparseRowDots(Isa isa, const WeightView& w, const void* x, const int32_t* idx, int64_t n,
                    float* y);
-// out[0, cols) = Σ_j act[j] · w_t.row(idx[j])[col0, col0 + cols), j < n, on the calling thread
+// out[0, cols) += Σ_j act[j] · w_t.row(idx[j])[col0, col0 + cols), j < n, on the calling thread
 // (every listed row is read: drop zero activations first). col0 and cols: multiples of w_t's
 // block size (cols < w_t.cols: a column slice of the rows).
 void SparseAxpyRows(Isa isa, const WeightView& w_t, int64_t col0, int64_t cols, const int32_t* idx,
