@@ -31,6 +31,16 @@ nlohmann::json ParseOrNull(const std::string& text) {
   return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
+// How a registered model is served: dense until its job publishes a sidecar.
+ModelConfig ServedConfig(const ModelRecord& r) {
+  ModelConfig mc;
+  mc.path = r.path;
+  mc.name = r.name;
+  mc.activation = r.activation;
+  mc.sparse = "off";
+  return mc;
+}
+
 }  // namespace
 
 // Relays a job's progress into its entry; cancels when asked or when the daemon stops.
@@ -145,12 +155,7 @@ absl::Status ModelManager::Start() {
       RemoveArtefacts(r.name);
       continue;
     }
-    ModelConfig mc;
-    mc.path = r.path;
-    mc.name = r.name;
-    mc.activation = r.activation;
-    mc.sparse = "off";
-    if (auto added = registry_->Add(mc); !added.ok()) {
+    if (auto added = registry_->Add(ServedConfig(r)); !added.ok()) {
       spdlog::error("registered model '{}' is not served: {}", r.name,
                     std::string(added.status().message()));
       continue;
@@ -244,12 +249,7 @@ absl::StatusOr<ModelInfo> ModelManager::Register(const RegisterSpec& spec) {
   }
   RemoveArtefacts(r.name);  // of an earlier model of this name
   if (absl::Status s = store_->Insert(r); !s.ok()) return s;
-  ModelConfig mc;
-  mc.path = r.path;
-  mc.name = r.name;
-  mc.activation = r.activation;
-  mc.sparse = "off";
-  if (auto added = registry_->Add(mc); !added.ok()) {
+  if (auto added = registry_->Add(ServedConfig(r)); !added.ok()) {
     store_->Delete(r.name).IgnoreError();
     return added.status();
   }

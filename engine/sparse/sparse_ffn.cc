@@ -20,6 +20,19 @@ bool GateDecides(FfnActivation a) {
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
+
+// Keeps the (idx[j], value[j]) with keep(value[j]), in order, at the front; returns how many.
+template <class Keep>
+int64_t KeepWhere(int32_t* idx, float* value, int64_t n, Keep keep) {
+  int64_t m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (keep(value[j])) {
+      idx[m] = idx[j];
+      value[m++] = value[j];
+    }
+  }
+  return m;
+}
 }  // namespace
 
 // One executor's buffers: its part of the active set and its partial output.
@@ -360,28 +373,14 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool
   const WeightView& uw = y.up;
   const void* x_up = uw.type == gw.type ? x_gate_.data() : x_up_.data();
   SparseRowDots(isa_, gw, x_gate_.data(), idx, n, gate);
-  if (GateDecides(h.activation)) {
-    // ReLU family: up rows only for the neurons whose gate fired.
-    int64_t m = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      if (gate[j] > 0.0f) {
-        idx[m] = idx[j];
-        gate[m++] = gate[j];
-      }
-    }
-    n = m;
-  }
+  // ReLU family: up rows only for the neurons whose gate fired.
+  if (GateDecides(h.activation)) n = KeepWhere(idx, gate, n, [](float g) { return g > 0.0f; });
   SparseRowDots(isa_, uw, x_up, idx, n, up);
   GatedActivation(h.activation, gate, up, n);
   // Below the magnitude threshold (and exact zeros): dropped before down reads their rows.
   const float thr = p.magnitude_threshold;
-  int64_t m = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    if (std::fabs(gate[j]) > thr && gate[j] != 0.0f) {
-      idx[m] = idx[j];
-      gate[m++] = gate[j];
-    }
-  }
+  const int64_t m =
+      KeepWhere(idx, gate, n, [thr](float a) { return std::fabs(a) > thr && a != 0.0f; });
   lane.fired += m;
   SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, gate, m, lane.acc.data());
 }
@@ -484,14 +483,7 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
       // ReLU family: a neuron whose gate is <= 0 is zero whatever its up, so up (and down)
       // rows are read only for the neurons whose gate fired.
       SparseMatVec(pool, isa_, gate, x_gate_.data(), e.idx.data(), n, e.gate.data());
-      int64_t m = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        if (e.gate[j] > 0.0f) {
-          e.idx[m] = e.idx[j];
-          e.gate[m++] = e.gate[j];
-        }
-      }
-      n = m;
+      n = KeepWhere(e.idx.data(), e.gate.data(), n, [](float g) { return g > 0.0f; });
       SparseMatVec(pool, isa_, up, x_up, e.idx.data(), n, e.up.data());
     } else {
       SparseGateUp(pool, isa_, gate, x_gate_.data(), up, x_up, e.idx.data(), n, e.gate.data(),
