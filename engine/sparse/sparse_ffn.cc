@@ -308,11 +308,11 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
       }
     }
   }
+  const auto t1 = std::chrono::steady_clock::now();
   PrepareActivations(y.gate.type, isa_, xn, h.n_embd, x_gate_.data());
   if (y.up.type != y.gate.type) {
     PrepareActivations(y.up.type, isa_, xn, h.n_embd, x_up_.data());
   }
-  const auto t1 = std::chrono::steady_clock::now();
   next_chunk_.store(0, std::memory_order_relaxed);
   pool_->Run([&](int lane) { RunLane(layer, lane); });
   std::copy_n(lanes_[0].acc.data(), h.n_embd, out);
@@ -326,7 +326,8 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
     stats_.predicted += static_cast<double>(lane.predicted);
     stats_.fired += static_cast<double>(lane.fired);
   }
-  // fc1 on this thread, fc2 and the threshold inside lane 0 (the others run alongside).
+  // fc1 before the lanes, fc2 and the threshold inside lane 0's chunks (the others run
+  // alongside).
   stats_.predictor_s += p.rank > 0 ? Seconds(t0, t1) + lanes_[0].predictor_s : 0.0;
   stats_.total_s += Seconds(t0, t2);
 }
