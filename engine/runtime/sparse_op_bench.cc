@@ -41,6 +41,18 @@ double Micros(std::chrono::steady_clock::time_point a, std::chrono::steady_clock
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
+// One 8-byte word per 64-byte line of [p, p + bytes) and the last word: every line read once
+// and nothing computed, what merely reading the bytes costs on this machine. bytes >= 8.
+uint64_t TouchLines(const uint8_t* p, size_t bytes) {
+  uint64_t sum = 0, v;
+  for (size_t o = 0; o + 8 <= bytes; o += 64) {
+    std::memcpy(&v, p + o, 8);
+    sum += v;
+  }
+  std::memcpy(&v, p + bytes - 8, 8);
+  return sum + v;
+}
+
 // A weight matrix (rows, cols) of `type` with uniform random values in [-1, 1).
 OwnedWeight RandomWeight(ThreadPool& pool, GgmlType type, int64_t rows, int64_t cols,
                          uint64_t seed) {
@@ -224,8 +236,43 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
       *dn = Micros(t1, t2);
     };
 
+    // The read floor: the same bytes as each path, touched once per cache line on every thread
+    // of the pool and not computed on. Dense reads whole matrices as streams; sparse reads the
+    // active rows of gate, up and down_t, scattered as the active set is.
+    const int parts = pool.size();
+    std::vector<uint64_t> sinks(parts, 0);
+    auto dense_read = [&](const Layer& l) {
+      const auto t0 = std::chrono::steady_clock::now();
+      pool.Run([&](int part) {
+        for (const WeightView* w : {&l.gate.view, &l.up.view, &l.down.view}) {
+          const int64_t begin = w->rows * part / parts, end = w->rows * (part + 1) / parts;
+          if (end > begin) sinks[part] += TouchLines(w->row(begin), (end - begin) * w->row_bytes);
+        }
+      });
+      return Micros(t0, std::chrono::steady_clock::now());
+    };
+    auto sparse_read = [&](const Layer& l) {
+      const int64_t m = static_cast<int64_t>(idx.size());
+      const WeightView& g = o.interleave_gate_up ? l.gate_up.gate : l.gate.view;
+      const WeightView& u = o.interleave_gate_up ? l.gate_up.up : l.up.view;
+      const WeightView& dt = l.down_t.view;
+      const size_t gu_bytes = RowBytes(type, d), dt_bytes = RowBytes(dt.type, dt.cols);
+      const auto t0 = std::chrono::steady_clock::now();
+      pool.Run([&](int part) {
+        const int64_t begin = m * part / parts, end = m * (part + 1) / parts;
+        uint64_t sum = 0;
+        for (int64_t j = begin; j < end; ++j) {
+          sum += TouchLines(g.row(idx[j]), gu_bytes) + TouchLines(u.row(idx[j]), gu_bytes);
+        }
+        for (int64_t j = begin; j < end; ++j) sum += TouchLines(dt.row(idx[j]), dt_bytes);
+        sinks[part] += sum;
+      });
+      return Micros(t0, std::chrono::steady_clock::now());
+    };
+
     struct Samples {
       std::vector<double> dense_gu, dense_dn, dense, sparse_gu, sparse_dn, sparse;
+      std::vector<double> dense_read, sparse_read;
     };
     const size_t n_cases = o.patterns.size() * o.fractions.size();
     std::vector<Samples> samples(n_cases);
@@ -251,6 +298,15 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
             s.sparse.push_back(gu + dn);
           }
         }
+        for (int k = 0; k < 2; ++k) {
+          const Layer& l = take_layer();
+          if ((k == 0) == (rep % 2 == 0)) {
+            s.dense_read.push_back(dense_read(l));
+          } else {
+            DrawActive(rng, pattern, n_ff, m, l.hot_start, perm, idx);
+            s.sparse_read.push_back(sparse_read(l));
+          }
+        }
       }
     }
     for (size_t c = 0; c < n_cases; ++c) {
@@ -269,8 +325,12 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
       row.sparse_us = Median(s.sparse);
       row.dense_min_us = *std::min_element(s.dense.begin(), s.dense.end());
       row.sparse_min_us = *std::min_element(s.sparse.begin(), s.sparse.end());
+      row.dense_read_us = Median(s.dense_read);
+      row.sparse_read_us = Median(s.sparse_read);
       result.rows.push_back(row);
     }
+    volatile uint64_t sink = 0;  // the reads' sums are used, so the reads are not dropped
+    for (uint64_t v : sinks) sink = sink + v;
   }
   return result;
 }

@@ -34,8 +34,9 @@ struct SparseOpBenchOptions {
   // between two uses of one copy, so that, as in a model, no op finds its weights in cache.
   int64_t min_weight_bytes = int64_t{256} << 20;
   uint64_t seed = 1;
-  // The sparse path reads gate and up interleaved (InterleaveGateUp) instead of as two matrices.
-  bool interleave_gate_up = false;
+  // The sparse path reads gate and up interleaved (InterleaveGateUp), as SparseWeights lays
+  // them out, instead of as two matrices.
+  bool interleave_gate_up = true;
 };
 
 struct SparseOpBenchRow {
@@ -49,6 +50,12 @@ struct SparseOpBenchRow {
   double sparse_gate_up_us = 0, sparse_down_us = 0, sparse_us = 0;
   // Fastest single runs: on a busy machine the least disturbed measurement of each path.
   double dense_min_us = 0, sparse_min_us = 0;
+  // Medians of only reading the bytes each path reads (a word per cache line, nothing
+  // computed): dense its matrices as streams, sparse its active rows, scattered as they are.
+  double dense_read_us = 0, sparse_read_us = 0;
+  // The ratio the sparse path would reach if its kernels cost nothing but reading its rows:
+  // on a machine that reads scattered rows slower than streams, a floor under ratio().
+  double read_floor() const { return dense_us > 0 ? sparse_read_us / dense_us : 0; }
   double ratio() const { return dense_us > 0 ? sparse_us / dense_us : 0; }
   double min_ratio() const { return dense_min_us > 0 ? sparse_min_us / dense_min_us : 0; }
   double ideal() const { return static_cast<double>(active) / n_ff; }

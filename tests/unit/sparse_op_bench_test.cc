@@ -46,6 +46,9 @@ TEST_CASE("operator benchmark measures every type, pattern and fraction", "[spar
     REQUIRE(row.dense_gate_up_us > 0);
     REQUIRE(row.sparse_down_us > 0);
     REQUIRE(row.ratio() == Approx(row.sparse_us / row.dense_us));
+    REQUIRE(row.dense_read_us > 0);
+    REQUIRE(row.sparse_read_us > 0);
+    REQUIRE(row.read_floor() == Approx(row.sparse_read_us / row.dense_us));
   }
   REQUIRE(seen.size() == r->rows.size());
 }
@@ -89,6 +92,11 @@ TEST_CASE("bench --ops prints JSON rows and the 10% bar per type", "[sparse][ben
   REQUIRE(j["bar"]["types"].size() == 2);
   for (const nlohmann::json& t : j["bar"]["types"]) {
     REQUIRE(t["pass"].get<bool>() == (t["ratio"].get<double>() <= 0.20));
+    REQUIRE(t["read_floor"].get<double>() > 0);
+  }
+  for (const nlohmann::json& row : j["rows"]) {
+    REQUIRE(row["read_floor"].get<double>() ==
+            Approx(row["sparse_read_us"].get<double>() / row["dense_us"].get<double>()));
   }
 
   const testing::CliResult table = testing::RunThermocline(
@@ -97,6 +105,7 @@ TEST_CASE("bench --ops prints JSON rows and the 10% bar per type", "[sparse][ben
   INFO(table.out);
   REQUIRE(table.exit_code == 0);
   REQUIRE(table.out.find("bf16  random") != std::string::npos);
+  REQUIRE(table.out.find("read floor") != std::string::npos);
   REQUIRE(
       (table.out.find("PASS") != std::string::npos || table.out.find("FAIL") != std::string::npos));
 
