@@ -39,7 +39,12 @@ struct QuantDot {
   // out[j] = dot(weight row w, panel row j) for j < k <= 8; panel rows panel_stride bytes apart.
   void (*dot)(int64_t n, const void* w, const uint8_t* panel, size_t panel_stride, int k,
               float* out);
+  // out[r] = dot(weight row w[r], panel) for r < k <= kMaxDotRows: rows anywhere (the active
+  // rows of a sparse layer). The panel is loaded once per step for all k rows, and the k rows'
+  // loads interleave, so more of their cache misses are in flight at once.
+  void (*dot_rows)(int64_t n, const void* const* w, const uint8_t* panel, int k, float* out);
 };
+inline constexpr int kMaxDotRows = 4;
 
 // Tile row: one row of activations quantized to Q8_0 for the tile (matrix-matrix) kernels of
 // quantized weights:

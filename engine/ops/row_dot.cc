@@ -13,6 +13,8 @@ RowDot::RowDot(GgmlType type, Isa isa) : kernels_(KernelsFor(type, isa)), isa_(i
   if (kernels_ == nullptr) return;
   if (const ops_internal::QuantDot* q = ops_internal::QuantDotFor(type, isa); q != nullptr) {
     panel_dot_ = q->dot;
+    dot_rows_ = q->dot_rows;
+    static_assert(kMaxRows <= ops_internal::kMaxDotRows);
     quantize_panel_ = q->quantize_panel;
     panel_offset_ = q->offset;
   }

@@ -33,11 +33,22 @@ class RowDot {
     }
     return kernels_->vec_dot(n, w_row, prepared);
   }
+  // out[r] = Dot(n, rows[r], prepared) for r < k <= kMaxRows, in one pass where the type has
+  // multi-row kernels (the rows' loads interleave: more cache misses in flight).
+  static constexpr int kMaxRows = 4;
+  void DotRows(int64_t n, const void* const* rows, int k, const void* prepared, float* out) const {
+    if (dot_rows_ != nullptr) {
+      dot_rows_(n, rows, static_cast<const uint8_t*>(prepared), k, out);
+      return;
+    }
+    for (int r = 0; r < k; ++r) out[r] = Dot(n, rows[r], prepared);
+  }
 
  private:
   const TypeKernels* kernels_ = nullptr;
   // The panel kernels (kernels_internal.h's QuantDot), when the type and ISA have them.
   void (*panel_dot_)(int64_t, const void*, const uint8_t*, size_t, int, float*) = nullptr;
+  void (*dot_rows_)(int64_t, const void* const*, const uint8_t*, int, float*) = nullptr;
   void (*quantize_panel_)(const float*, int64_t, int, uint8_t*) = nullptr;
   int panel_offset_ = 0;
   Isa isa_ = Isa::kScalar;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/ops/ggml_types.h"
+#include "engine/ops/row_dot.h"
 
 namespace thermocline {
 namespace {
@@ -156,6 +157,45 @@ TEST_CASE("vec_dot and vec_dot_multi match the reference", "[kernels]") {
             INFO("k=" << rows << " row " << j << ": " << got[j] << " vs " << want[j]);
             CHECK(std::fabs(got[j] - want[j]) <= tol[j]);
           }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("RowDot::DotRows matches the reference for every row it is given", "[kernels]") {
+  for (GgmlType type : kTypes) {
+    const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
+    for (int64_t n : Sizes(type)) {
+      // Rows in separate buffers (a sparse layer's active rows lie anywhere).
+      std::vector<std::vector<uint8_t>> rows;
+      for (int r = 0; r < RowDot::kMaxRows; ++r) {
+        rows.push_back(RandomRow(type, n, 300 + static_cast<uint32_t>(n) + r));
+      }
+      const std::vector<float> x = RandomFloats(n, 400 + static_cast<uint32_t>(n));
+      std::vector<uint8_t> xq(RowBytes(ref.vec_dot_type, n));
+      KernelsFor(ref.vec_dot_type, Isa::kScalar)->from_float(x.data(), xq.data(), n);
+      for (Isa isa : AvailableIsas()) {
+        const RowDot dot(type, isa);
+        REQUIRE(dot.ok());
+        std::vector<uint8_t> prepared(RowDot::PreparedBytes(type, n) + 64);
+        dot.Prepare(x.data(), n, prepared.data());
+        for (int k = 1; k <= RowDot::kMaxRows; ++k) {
+          const void* ptrs[RowDot::kMaxRows];
+          for (int r = 0; r < k; ++r) ptrs[r] = rows[(r + k) % RowDot::kMaxRows].data();
+          float got[RowDot::kMaxRows + 1];
+          got[k] = 99.0f;  // a guard past the k outputs
+          dot.DotRows(n, ptrs, k, prepared.data(), got);
+          for (int r = 0; r < k; ++r) {
+            const float want = ref.vec_dot(n, ptrs[r], xq.data());
+            INFO(Label(type, isa, n)
+                 << " k=" << k << " row " << r << ": " << got[r] << " vs " << want);
+            CHECK(std::fabs(got[r] - want) <= DotTolerance(type, n, ptrs[r], xq.data()));
+            // One row at a time through Dot: the same value up to summation order.
+            CHECK(std::fabs(got[r] - dot.Dot(n, ptrs[r], prepared.data())) <=
+                  2 * DotTolerance(type, n, ptrs[r], xq.data()));
+          }
+          CHECK(got[k] == 99.0f);
         }
       }
     }
