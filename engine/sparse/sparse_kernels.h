@@ -11,7 +11,7 @@
 
 namespace thermocline::sparse_internal {
 
-constexpr int kMaxAxpyRows = 4;  // rows one axpy call folds into acc (one load/store of acc)
+constexpr int kMaxAxpyRows = 8;  // rows one axpy call folds into acc (one load/store of acc)
 
 // acc[0..n) += Σ_{r<k} a[r] · rows[r][0..n), k <= kMaxAxpyRows, rows of one weight type;
 // n a multiple of the type's block size.

@@ -204,7 +204,8 @@ void SparseAxpy(ThreadPool& pool, Isa isa, const WeightView& w_t, const int32_t*
   for (int p = 1; p < parts; p += kMaxAxpyRows) {
     const int k = std::min(kMaxAxpyRows, parts - p);
     const uint8_t* rows[kMaxAxpyRows];
-    const float ones[kMaxAxpyRows] = {1.0f, 1.0f, 1.0f, 1.0f};
+    float ones[kMaxAxpyRows];
+    std::fill_n(ones, kMaxAxpyRows, 1.0f);
     for (int r = 0; r < k; ++r) rows[r] = reinterpret_cast<const uint8_t*>(scratch.acc(p + r));
     add(n, k, ones, rows, out);
   }
