@@ -156,8 +156,33 @@ void SparseGateUp(ThreadPool& pool, Isa isa, const WeightView& gate, const void*
   const RowDot gate_dot = RowDotOrScalar(gate.type, isa), up_dot = RowDotOrScalar(up.type, isa);
   const int64_t n = gate.cols;
   const size_t gate_bytes = RowBytes(gate.type, n), up_bytes = RowBytes(up.type, n);
+  // Gate and up of a neuron against the same prepared x: one kernel call for the rows of
+  // kRowsPerDot / 2 neurons, in the order they lie when interleaved (gate, up, gate, up).
+  const bool shared_x = gate.type == up.type && x_gate == x_up;
   RunParts(pool, PartsFor(pool, n_active, gate_bytes + up_bytes), n_active,
            [&](int, int64_t begin, int64_t end) {
+             if (shared_x) {
+               constexpr int kNeurons = kRowsPerDot / 2;
+               const void* rows[RowDot::kMaxRows];
+               float out[RowDot::kMaxRows];
+               for (int64_t j = begin; j < end; j += kNeurons) {
+                 const int m = static_cast<int>(std::min<int64_t>(kNeurons, end - j));
+                 for (int i = 0; i < m; ++i) {
+                   if (j + i + kPrefetchRows < end) {
+                     PrefetchRow(gate.row(idx[j + i + kPrefetchRows]), gate_bytes);
+                     PrefetchRow(up.row(idx[j + i + kPrefetchRows]), up_bytes);
+                   }
+                   rows[2 * i] = gate.row(idx[j + i]);
+                   rows[2 * i + 1] = up.row(idx[j + i]);
+                 }
+                 gate_dot.DotRows(n, rows, 2 * m, x_gate, out);
+                 for (int i = 0; i < m; ++i) {
+                   y_gate[j + i] = out[2 * i];
+                   y_up[j + i] = out[2 * i + 1];
+                 }
+               }
+               return;
+             }
              const void* g_rows[RowDot::kMaxRows];
              const void* u_rows[RowDot::kMaxRows];
              for (int64_t j = begin; j < end; j += kRowsPerDot) {
