@@ -107,6 +107,11 @@ void CheckMatVec(GgmlType type, int64_t rows, int64_t cols, ThreadPool& pool) {
       std::vector<float> yi_gate(n + 1, -1.0f), yi_up(n + 1, -1.0f);
       SparseGateUp(pool, isa, interleaved->gate, xp.data(), interleaved->up, xp.data(), idx.data(),
                    n, yi_gate.data(), yi_up.data());
+      // The same x in two buffers: gate and up rows then go through separate kernel calls.
+      const std::vector<uint8_t> xp_up = xp;
+      std::vector<float> ys_gate(n + 1, -1.0f), ys_up(n + 1, -1.0f);
+      SparseGateUp(pool, isa, w.view, xp.data(), w_up.view, xp_up.data(), idx.data(), n,
+                   ys_gate.data(), ys_up.data());
       SparseMatVecReference(w.view, x.data(), idx.data(), n, ref.data());
       SparseMatVecReference(w_up.view, x.data(), idx.data(), n, ref_up.data());
       for (size_t j = 0; j < n; ++j) {
@@ -122,6 +127,8 @@ void CheckMatVec(GgmlType type, int64_t rows, int64_t cols, ThreadPool& pool) {
         REQUIRE(y_gate[j] == y[j]);
         REQUIRE(yi_gate[j] == y_gate[j]);  // interleaved storage: same rows, same kernels
         REQUIRE(yi_up[j] == y_up[j]);
+        REQUIRE(ys_gate[j] == y_gate[j]);  // a row's dot does not depend on its call's other rows
+        REQUIRE(ys_up[j] == y_up[j]);
         REQUIRE(std::fabs(y_up[j] - ref_up[j]) <= bound_up);
         REQUIRE(std::fabs(y_up[j] - dense_up[idx[j]]) <= 2 * bound_up);
       }
@@ -132,6 +139,8 @@ void CheckMatVec(GgmlType type, int64_t rows, int64_t cols, ThreadPool& pool) {
       REQUIRE(y_up[n] == -1.0f);
       REQUIRE(yi_gate[n] == -1.0f);
       REQUIRE(yi_up[n] == -1.0f);
+      REQUIRE(ys_gate[n] == -1.0f);
+      REQUIRE(ys_up[n] == -1.0f);
     }
   }
 }
