@@ -92,12 +92,15 @@ inline void PrefetchRow(const uint8_t* p, size_t bytes) {
 }
 
 // acc[0, cols) += Σ_j act[j] · w_t.row(idx[j])[col0, col0 + cols), j < n: kMaxAxpyRows rows per
-// pass over acc, rows prefetched kPrefetchRows ahead.
+// pass over acc, rows prefetched kPrefetchRows ahead (the first ones before the first pass).
 void AxpyInto(AxpyFn axpy, const WeightView& w_t, int64_t col0, int64_t cols, const int32_t* idx,
               const float* act, int64_t n, float* acc) {
   const size_t offset = RowBytes(w_t.type, col0);
   const size_t bytes = RowBytes(w_t.type, cols);
   const uint8_t* rows[kMaxAxpyRows];
+  for (int64_t j = 0; j < std::min(n, kPrefetchRows); ++j) {
+    PrefetchRow(w_t.row(idx[j]) + offset, bytes);
+  }
   for (int64_t j = 0; j < n; j += kMaxAxpyRows) {
     const int k = static_cast<int>(std::min<int64_t>(kMaxAxpyRows, n - j));
     for (int r = 0; r < k; ++r) {
