@@ -75,8 +75,11 @@ void RunTiles(ThreadPool& pool, int64_t rows, int64_t n_tokens, float* y, const 
   const int64_t n_groups = (n_tokens + kMaxGroup - 1) / kMaxGroup;
   // About 4 chunks per thread, each a contiguous run of weights long enough (up to 256 rows) for
   // the hardware prefetchers to stream it at full bandwidth: decode is all streaming.
-  const int64_t chunk =
-      std::clamp(rows / (4 * pool.size()) / kRowBlock * kRowBlock, kRowBlock, 8 * kRowBlock);
+  // A matrix of fewer rows than that (a predictor's fc1) is split evenly over the threads
+  // instead of one kRowBlock chunk and a remainder.
+  const int64_t chunk = std::min(
+      std::clamp(rows / (4 * pool.size()) / kRowBlock * kRowBlock, kRowBlock, 8 * kRowBlock),
+      (rows + pool.size() - 1) / pool.size());
   ParallelChunks(pool, rows, chunk, [&](int64_t r0, int64_t r1) {
     for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
       const int64_t re = std::min(r1, rb + kRowBlock);
