@@ -160,36 +160,16 @@ void SparseGateUp(ThreadPool& pool, Isa isa, const WeightView& gate, const void*
   const int64_t n = gate.cols;
   const size_t gate_bytes = RowBytes(gate.type, n), up_bytes = RowBytes(up.type, n);
   // Gate and up of a neuron against the same prepared x: one kernel call for the rows of
-  // kRowsPerDot / 2 neurons, in the order they lie when interleaved (gate, up, gate, up).
+  // kRowsPerDot / 2 neurons, in the order they lie when interleaved (gate, up, gate, up);
+  // otherwise one call for kRowsPerDot gate rows and one for their up rows.
   const bool shared_x = gate.type == up.type && x_gate == x_up;
+  const int64_t step = shared_x ? kRowsPerDot / 2 : kRowsPerDot;
   RunParts(pool, PartsFor(pool, n_active, gate_bytes + up_bytes), n_active,
            [&](int, int64_t begin, int64_t end) {
-             if (shared_x) {
-               constexpr int kNeurons = kRowsPerDot / 2;
-               const void* rows[RowDot::kMaxRows];
-               float out[RowDot::kMaxRows];
-               for (int64_t j = begin; j < end; j += kNeurons) {
-                 const int m = static_cast<int>(std::min<int64_t>(kNeurons, end - j));
-                 for (int i = 0; i < m; ++i) {
-                   if (j + i + kPrefetchRows < end) {
-                     PrefetchRow(gate.row(idx[j + i + kPrefetchRows]), gate_bytes);
-                     PrefetchRow(up.row(idx[j + i + kPrefetchRows]), up_bytes);
-                   }
-                   rows[2 * i] = gate.row(idx[j + i]);
-                   rows[2 * i + 1] = up.row(idx[j + i]);
-                 }
-                 gate_dot.DotRows(n, rows, 2 * m, x_gate, out);
-                 for (int i = 0; i < m; ++i) {
-                   y_gate[j + i] = out[2 * i];
-                   y_up[j + i] = out[2 * i + 1];
-                 }
-               }
-               return;
-             }
              const void* g_rows[RowDot::kMaxRows];
              const void* u_rows[RowDot::kMaxRows];
-             for (int64_t j = begin; j < end; j += kRowsPerDot) {
-               const int k = static_cast<int>(std::min<int64_t>(kRowsPerDot, end - j));
+             for (int64_t j = begin; j < end; j += step) {
+               const int k = static_cast<int>(std::min<int64_t>(step, end - j));
                for (int r = 0; r < k; ++r) {
                  if (j + r + kPrefetchRows < end) {
                    PrefetchRow(gate.row(idx[j + r + kPrefetchRows]), gate_bytes);
@@ -198,8 +178,22 @@ void SparseGateUp(ThreadPool& pool, Isa isa, const WeightView& gate, const void*
                  g_rows[r] = gate.row(idx[j + r]);
                  u_rows[r] = up.row(idx[j + r]);
                }
-               gate_dot.DotRows(n, g_rows, k, x_gate, y_gate + j);
-               up_dot.DotRows(n, u_rows, k, x_up, y_up + j);
+               if (shared_x) {
+                 const void* rows[RowDot::kMaxRows];
+                 float out[RowDot::kMaxRows];
+                 for (int r = 0; r < k; ++r) {
+                   rows[2 * r] = g_rows[r];
+                   rows[2 * r + 1] = u_rows[r];
+                 }
+                 gate_dot.DotRows(n, rows, 2 * k, x_gate, out);
+                 for (int r = 0; r < k; ++r) {
+                   y_gate[j + r] = out[2 * r];
+                   y_up[j + r] = out[2 * r + 1];
+                 }
+               } else {
+                 gate_dot.DotRows(n, g_rows, k, x_gate, y_gate + j);
+                 up_dot.DotRows(n, u_rows, k, x_up, y_up + j);
+               }
              }
            });
 }
