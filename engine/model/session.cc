@@ -189,7 +189,6 @@ void Session::Attention(int layer, int64_t n) {
   }
   const int64_t group = h.n_head / h.n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const auto dot = KernelsFor(GgmlType::kF32)->vec_dot;  // SIMD q · k
   // Heads per part: enough work to pay for a hand-off (a short context stays on this thread).
   const int64_t grain = std::max<int64_t>(1, kAttentionWorkPerPart / ((n_past_ + n) * head_dim));
   pool_->ParallelFor(n * h.n_head, grain, [&](int thread, int64_t begin, int64_t end) {
@@ -198,18 +197,9 @@ void Session::Attention(int layer, int64_t n) {
       const int64_t t = item / h.n_head, head = item % h.n_head;
       const int64_t kv_off = (head / group) * head_dim;
       const int64_t n_kv = n_past_ + t + 1;  // causal: positions 0 .. n_past + t
-      const float* q = q_.data() + t * h.q_dim() + head * head_dim;
-      for (int64_t j = 0; j < n_kv; ++j) {
-        scores[j] = dot(head_dim, k_cache + j * kv_dim + kv_off, q) * scale;
-      }
-      Softmax(scores, n_kv);
-      float* out = att_out_.data() + t * h.q_dim() + head * head_dim;
-      std::fill_n(out, head_dim, 0.0f);
-      for (int64_t j = 0; j < n_kv; ++j) {
-        const float* v = v_cache + j * kv_dim + kv_off;
-        const float p = scores[j];
-        for (int64_t i = 0; i < head_dim; ++i) out[i] += p * v[i];
-      }
+      AttendHead(n_kv, head_dim, q_.data() + t * h.q_dim() + head * head_dim, k_cache + kv_off,
+                 kv_dim, v_cache + kv_off, kv_dim, scale, scores,
+                 att_out_.data() + t * h.q_dim() + head * head_dim);
     }
   });
 }

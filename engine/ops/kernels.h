@@ -40,6 +40,16 @@ const TypeKernels* KernelsFor(GgmlType type);
 // The kernels of `type` for a given ISA (for the parity harness); nullptr when unavailable.
 const TypeKernels* KernelsFor(GgmlType type, Isa isa);
 
+// One query head's attention for one token over n_kv cached positions: scores[j] =
+// scale · q·k_j, p = softmax(scores), out = Σ_j p_j v_j. k_j and v_j are rows of head_dim floats,
+// k_stride and v_stride floats apart; scores is scratch for n_kv floats. The second form runs
+// the kernel of a given ISA (for the parity harness).
+void AttendHead(int64_t n_kv, int64_t head_dim, const float* q, const float* k, int64_t k_stride,
+                const float* v, int64_t v_stride, float scale, float* scores, float* out);
+void AttendHead(Isa isa, int64_t n_kv, int64_t head_dim, const float* q, const float* k,
+                int64_t k_stride, const float* v, int64_t v_stride, float scale, float* scores,
+                float* out);
+
 // Half and bfloat16 conversion, scalar.
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);

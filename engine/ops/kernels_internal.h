@@ -73,10 +73,16 @@ struct GemmKernels {
 };
 
 // Every kernel of one ISA. Panel and gemm kernels are null where the ISA has none (scalar).
+// kernels.h's AttendHead.
+using AttendFn = void (*)(int64_t n_kv, int64_t head_dim, const float* q, const float* k,
+                          int64_t k_stride, const float* v, int64_t v_stride, float scale,
+                          float* scores, float* out);
+
 struct IsaKernels {
   TypeKernels f32, f16, bf16, q8_0, q4_0;
   QuantDot q8_0_panel, q4_0_panel;
   GemmKernels f32_gemm, f16_gemm, bf16_gemm, q8_0_gemm, q4_0_gemm;
+  AttendFn attend;
 };
 
 const IsaKernels& ScalarKernels();      // kernels_scalar.cc

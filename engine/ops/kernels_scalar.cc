@@ -212,6 +212,30 @@ TypeKernels QuantKernels(void (*to_float)(const void*, float*, int64_t),
 
 }  // namespace
 
+// The reference: a double dot per position, softmax as cpu_ops.h's Softmax, then the values
+// summed position by position.
+void AttendScalar(int64_t n_kv, int64_t head_dim, const float* q, const float* k, int64_t k_stride,
+                  const float* v, int64_t v_stride, float scale, float* scores, float* out) {
+  float max = -INFINITY;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    double s = 0.0;
+    for (int64_t i = 0; i < head_dim; ++i) s += double{q[i]} * k[j * k_stride + i];
+    scores[j] = static_cast<float>(s) * scale;
+    max = std::max(max, scores[j]);
+  }
+  double sum = 0.0;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    scores[j] = std::exp(scores[j] - max);
+    sum += scores[j];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < head_dim; ++i) out[i] = 0.0f;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    const float p = scores[j] * inv;
+    for (int64_t i = 0; i < head_dim; ++i) out[i] += p * v[j * v_stride + i];
+  }
+}
+
 const IsaKernels& ScalarKernels() {
   static const IsaKernels kernels = {
       FloatKernels<LoadF32>(F32FromFloat),
@@ -219,13 +243,14 @@ const IsaKernels& ScalarKernels() {
       FloatKernels<LoadBf16>(Bf16FromFloat),
       QuantKernels<Q8_0Weight, BlockQ8_0>(Q8_0ToFloat, Q8_0FromFloat),
       QuantKernels<Q4_0Weight, BlockQ4_0>(Q4_0ToFloat, QuantizeQ4_0Reference),
-      {0, nullptr, nullptr},
-      {0, nullptr, nullptr},
+      {0, nullptr, nullptr, nullptr},
+      {0, nullptr, nullptr, nullptr},
       {0, 0, 0, nullptr, nullptr},
       {0, 0, 0, nullptr, nullptr},
       {0, 0, 0, nullptr, nullptr},
       {0, 0, 0, nullptr, nullptr},
       {0, 0, 0, nullptr, nullptr},
+      AttendScalar,
   };
   return kernels;
 }
