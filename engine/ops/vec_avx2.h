@@ -59,6 +59,7 @@ inline void StoreI8(int8_t* p, F v) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(w, w));
 }
 inline F Add(F a, F b) { return _mm256_add_ps(a, b); }
+inline F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
 inline F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
 inline F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
 inline F Max(F a, F b) { return _mm256_max_ps(a, b); }
@@ -113,6 +114,8 @@ inline I DotS8S8(I w, I x) { return DotU8S8(_mm256_abs_epi8(x), _mm256_sign_epi8
 // Flips the top bit: w + 128 as unsigned (used by the VNNI kernels only).
 inline I FlipSign(I v) { return _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))); }
 inline F ToFloat(I v) { return _mm256_cvtepi32_ps(v); }
+// Float to int32 lanes, rounded to nearest even.
+inline I ToIntRound(F v) { return _mm256_cvtps_epi32(v); }
 
 // ---- Int32 / int16 lanes (the tile kernels: one weight row per int32 lane) ----
 inline I ZeroI() { return _mm256_setzero_si256(); }

@@ -69,6 +69,7 @@ inline void StoreI8(int8_t* p, F v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
 }
 inline F Add(F a, F b) { return _mm512_add_ps(a, b); }
+inline F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
 inline F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
 inline F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
 inline F Max(F a, F b) { return _mm512_max_ps(a, b); }
@@ -130,6 +131,8 @@ inline I DotS8S8(I w, I x) {
 // Flips the top bit: w + 128 as unsigned (for VNNI's unsigned x signed products).
 inline I FlipSign(I v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
 inline F ToFloat(I v) { return _mm512_cvtepi32_ps(v); }
+// Float to int32 lanes, rounded to nearest even.
+inline I ToIntRound(F v) { return _mm512_cvtps_epi32(v); }
 
 // ---- Int32 / int16 lanes (the tile kernels: one weight row per int32 lane) ----
 inline I ZeroI() { return _mm512_setzero_si512(); }

@@ -204,38 +204,46 @@ TEST_CASE("RowDot::DotRows matches the reference for every row it is given", "[k
 }
 
 TEST_CASE("AttendHead of every ISA matches the scalar reference", "[kernels]") {
-  for (int64_t head_dim : {8, 17, 64, 80, 128, 200}) {
-    for (int64_t n_kv : {1, 5, 33, 300}) {
-      // Rows further apart than head_dim, as in a KV cache with several KV heads.
-      const int64_t k_stride = head_dim + 3, v_stride = head_dim + 5;
-      const std::vector<float> q = RandomFloats(head_dim, 500 + static_cast<uint32_t>(head_dim));
-      const std::vector<float> k = RandomFloats(n_kv * k_stride, 600 + static_cast<uint32_t>(n_kv));
-      const std::vector<float> v = RandomFloats(n_kv * v_stride, 700 + static_cast<uint32_t>(n_kv));
-      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      std::vector<float> scores(n_kv), want(head_dim);
-      AttendHead(Isa::kScalar, n_kv, head_dim, q.data(), k.data(), k_stride, v.data(), v_stride,
-                 scale, scores.data(), want.data());
-      // A convex combination of the v rows: within the range of column i.
-      for (int64_t i = 0; i < head_dim; ++i) {
-        double lo = 1e30, hi = -1e30;
-        for (int64_t j = 0; j < n_kv; ++j) {
-          lo = std::min(lo, double{v[j * v_stride + i]});
-          hi = std::max(hi, double{v[j * v_stride + i]});
-        }
-        REQUIRE(want[i] >= lo - 1e-5);
-        REQUIRE(want[i] <= hi + 1e-5);
-      }
-      for (Isa isa : AvailableIsas()) {
-        std::vector<float> got(head_dim + 1, 0.0f);
-        got[head_dim] = 99.0f;  // a guard past the head
-        AttendHead(isa, n_kv, head_dim, q.data(), k.data(), k_stride, v.data(), v_stride, scale,
-                   scores.data(), got.data());
+  // q_scale 40 spreads the scores over a range wide enough that most probabilities underflow:
+  // the vector exp's clamped and far ranges.
+  for (float q_scale : {1.0f, 40.0f}) {
+    for (int64_t head_dim : {8, 17, 64, 80, 128, 200}) {
+      for (int64_t n_kv : {1, 5, 33, 300}) {
+        // Rows further apart than head_dim, as in a KV cache with several KV heads.
+        const int64_t k_stride = head_dim + 3, v_stride = head_dim + 5;
+        std::vector<float> q = RandomFloats(head_dim, 500 + static_cast<uint32_t>(head_dim));
+        for (float& e : q) e *= q_scale;
+        const std::vector<float> k =
+            RandomFloats(n_kv * k_stride, 600 + static_cast<uint32_t>(n_kv));
+        const std::vector<float> v =
+            RandomFloats(n_kv * v_stride, 700 + static_cast<uint32_t>(n_kv));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        std::vector<float> scores(n_kv), want(head_dim);
+        AttendHead(Isa::kScalar, n_kv, head_dim, q.data(), k.data(), k_stride, v.data(), v_stride,
+                   scale, scores.data(), want.data());
+        // A convex combination of the v rows: within the range of column i.
         for (int64_t i = 0; i < head_dim; ++i) {
-          INFO(IsaName(isa) << " head_dim " << head_dim << " n_kv " << n_kv << " i " << i);
-          // Float scores (the reference sums them in double) move the weights by a few ulp.
-          CHECK(std::fabs(got[i] - want[i]) <= 1e-5 * (1 + std::fabs(want[i])));
+          double lo = 1e30, hi = -1e30;
+          for (int64_t j = 0; j < n_kv; ++j) {
+            lo = std::min(lo, double{v[j * v_stride + i]});
+            hi = std::max(hi, double{v[j * v_stride + i]});
+          }
+          REQUIRE(want[i] >= lo - 1e-5);
+          REQUIRE(want[i] <= hi + 1e-5);
         }
-        CHECK(got[head_dim] == 99.0f);
+        for (Isa isa : AvailableIsas()) {
+          std::vector<float> got(head_dim + 1, 0.0f);
+          got[head_dim] = 99.0f;  // a guard past the head
+          AttendHead(isa, n_kv, head_dim, q.data(), k.data(), k_stride, v.data(), v_stride, scale,
+                     scores.data(), got.data());
+          for (int64_t i = 0; i < head_dim; ++i) {
+            INFO(IsaName(isa) << " q_scale " << q_scale << " head_dim " << head_dim << " n_kv "
+                              << n_kv << " i " << i);
+            // Float scores (the reference sums them in double) move the weights by a few ulp.
+            CHECK(std::fabs(got[i] - want[i]) <= 1e-5 * (1 + std::fabs(want[i])));
+          }
+          CHECK(got[head_dim] == 99.0f);
+        }
       }
     }
   }
