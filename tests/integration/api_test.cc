@@ -257,9 +257,15 @@ TEST_CASE("health, metrics and the access log", "[server][api]") {
   CHECK(MetricValue(m.body, "thermocline_slots") == 1);
   CHECK(MetricValue(m.body, R"(thermocline_cancellations_total{reason="client_disconnected"})") ==
         0);
-  // The access log line is written once the response is out: give it a moment.
+  // An access log line is written once its response is out, by the connection's thread: the
+  // completion's may come after the 404's. Wait for both.
   std::string log;
-  for (int i = 0; i < 100 && (log = d.Log()).find("GET /nope 404") == std::string::npos; ++i) {
+  auto both_logged = [&] {
+    log = d.Log();
+    return log.find("POST /v1/completions 200") != std::string::npos &&
+           log.find("GET /nope 404") != std::string::npos;
+  };
+  for (int i = 0; i < 250 && !both_logged(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   INFO(log);
