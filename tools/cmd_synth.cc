@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/synth.h"
+#include "offline/predictor/trainer.h"
 #include "offline/profile/activation_profiler.h"
 #include "offline/sidecar/sidecar.h"
 #include "tools/commands.h"
@@ -12,15 +13,28 @@
 namespace thermocline::cli {
 namespace {
 
-// The sidecar of a --sparsity model: its construction's predictors, and a profile made of the
-// firing probabilities it was built with (counts over a nominal kTokens tokens).
+// The sidecar of a --sparsity model: its construction's predictors, their thresholds calibrated
+// on kCalibrationTokens tokens as the profiler calibrates its own (the same aim above the target
+// recall), and a profile made of the firing probabilities the model was built with (counts over
+// a nominal kTokens tokens).
 absl::Status WriteSynthSidecar(const SynthOptions& o, const std::string& model_path,
-                               const std::string& path) {
-  constexpr int64_t kTokens = 100000;
+                               const std::string& path, ThreadPool& pool) {
+  constexpr int64_t kTokens = 100000, kCalibrationTokens = 128;
   auto predictors = SynthPredictors(o);
   if (!predictors.ok()) return predictors.status();
   auto model = LlamaModel::Load(model_path);
   if (!model.ok()) return model.status();
+  for (SynthPredictor& p : *predictors) {  // as the sidecar will hold them
+    for (float& v : p.fc1) v = HalfToFloat(FloatToHalf(v));
+    for (float& v : p.fc2) v = HalfToFloat(FloatToHalf(v));
+  }
+  const offline::TrainOptions train;
+  const double aim = 1.0 - (1.0 - kSynthPredictorRecall) * (1.0 - train.recall_margin);
+  if (absl::Status s =
+          CalibrateSynthThresholds(**model, pool, aim, kCalibrationTokens, *predictors);
+      !s.ok()) {
+    return s;
+  }
   offline::Sidecar s;
   s.model_identity = offline::ModelIdentity((*model)->gguf());
   s.model_name = std::filesystem::path(model_path).filename().string();
@@ -31,7 +45,7 @@ absl::Status WriteSynthSidecar(const SynthOptions& o, const std::string& model_p
   s.corpus_kind = "synthetic";
   s.corpus_hash = "none";
   s.tokens = kTokens;
-  s.target_recall = 0.99;
+  s.target_recall = kSynthPredictorRecall;
   for (SynthPredictor& p : *predictors) {
     offline::SidecarLayer y;
     std::vector<uint64_t> counts;
@@ -75,7 +89,8 @@ int RunSynth(int argc, char** argv) {
         "                    with a power-law firing frequency (0.5 .. 0.999; default: random)\n"
         "  --hot-fraction H  fraction of neurons that fire for most tokens (default 0.05)\n"
         "  --sidecar FILE    with --sparsity: also write a sidecar holding the predictors the\n"
-        "                    model's construction implies (no profiling needed for benchmarks)\n",
+        "                    model's construction implies (no profiling needed for benchmarks),\n"
+        "                    thresholded for recall 0.99 on 128 tokens as profile would\n",
         args->Has("--help") ? stdout : stderr);
     return args->Has("--help") ? 0 : 2;
   }
@@ -128,7 +143,7 @@ int RunSynth(int argc, char** argv) {
   }
   std::printf("wrote %s\n", args->Get("--output")->c_str());
   if (auto sidecar = args->Get("--sidecar")) {
-    if (absl::Status s = WriteSynthSidecar(o, *args->Get("--output"), *sidecar); !s.ok()) {
+    if (absl::Status s = WriteSynthSidecar(o, *args->Get("--output"), *sidecar, pool); !s.ok()) {
       return Fail("synth", s);
     }
     std::printf("wrote %s\n", sidecar->c_str());

@@ -5,11 +5,14 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/gguf/gguf.h"
+#include "engine/model/llama_model.h"
+#include "engine/model/session.h"
 #include "engine/ops/kernels.h"
 
 namespace thermocline {
@@ -302,7 +305,8 @@ absl::StatusOr<std::vector<SynthPredictor>> SynthPredictors(const SynthOptions& 
   if (!firing.ok()) return firing.status();
   const int64_t n = o.n_embd, rank = 2 * kGateRank + 1;
   // The logit misses the full-rank part of the gate (variance kGateNoise / 2) and the weights'
-  // quantization error: predict down to 2.5 deviations of that below zero (recall ~0.99).
+  // quantization error: predict down to 2.5 deviations of that below zero (recall ~0.999);
+  // CalibrateSynthThresholds then sets the threshold the target recall needs.
   const float noise = std::sqrt((kGateNoise + 0.01f) / 2.0f);
   std::vector<SynthPredictor> out(o.n_layer);
   for (int64_t l = 0; l < o.n_layer; ++l) {
@@ -339,6 +343,84 @@ absl::StatusOr<std::vector<SynthPredictor>> SynthPredictors(const SynthOptions& 
     for (size_t r = 0; r < z.size(); ++r) p.firing[r] = 0.5 * std::erfc(-z[r] / std::sqrt(2.0));
   }
   return out;
+}
+
+namespace {
+
+// Collects, per layer, the implied predictors' logits of the neurons that fire: the FFN input
+// x normed as the layer norms it, then fc2·relu(fc1·xn + b1) + b2.
+class FiredLogits : public FfnObserver {
+ public:
+  FiredLogits(const LlamaModel& model, const std::vector<SynthPredictor>& predictors)
+      : model_(model), predictors_(predictors), logits_(predictors.size()) {}
+
+  void OnFfn(int layer, const float* x, int64_t n_embd, const float* act, int64_t n_ff,
+             int64_t n_tokens) override {
+    const SynthPredictor& p = predictors_[layer];
+    const std::vector<float>& norm = model_.layers()[layer].ffn_norm;
+    std::vector<double> xn(n_embd), hidden(p.rank);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* xt = x + t * n_embd;
+      double ss = 0;
+      for (int64_t j = 0; j < n_embd; ++j) ss += double{xt[j]} * xt[j];
+      const double inv_rms = 1.0 / std::sqrt(ss / n_embd + model_.hparams().rms_eps);
+      for (int64_t j = 0; j < n_embd; ++j) xn[j] = xt[j] * inv_rms * norm[j];
+      for (int64_t k = 0; k < p.rank; ++k) {
+        double h = p.b1[k];
+        for (int64_t j = 0; j < n_embd; ++j) h += double{p.fc1[k * n_embd + j]} * xn[j];
+        hidden[k] = std::max(0.0, h);
+      }
+      for (int64_t i = 0; i < n_ff; ++i) {
+        if (act[t * n_ff + i] == 0.0f) continue;
+        double logit = p.b2[i];
+        for (int64_t k = 0; k < p.rank; ++k) logit += double{p.fc2[i * p.rank + k]} * hidden[k];
+        logits_[layer].push_back(logit);
+      }
+    }
+  }
+
+  std::vector<double>& logits(size_t layer) { return logits_[layer]; }
+
+ private:
+  const LlamaModel& model_;
+  const std::vector<SynthPredictor>& predictors_;
+  std::vector<std::vector<double>> logits_;
+};
+
+}  // namespace
+
+absl::Status CalibrateSynthThresholds(const LlamaModel& model, ThreadPool& pool, double recall,
+                                      int64_t n_tokens, std::vector<SynthPredictor>& predictors) {
+  const LlamaHparams& h = model.hparams();
+  if (predictors.size() != static_cast<size_t>(h.n_layer)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synth: ", predictors.size(), " predictors for ", h.n_layer, " layers"));
+  }
+  if (!(recall > 0 && recall < 1) || n_tokens <= 0) {
+    return absl::InvalidArgumentError("synth: the recall must be in (0, 1), the tokens > 0");
+  }
+  SessionOptions options;
+  options.n_ctx = n_tokens;
+  auto session = Session::Create(model, &pool, options);
+  if (!session.ok()) return session.status();
+  FiredLogits fired(model, predictors);
+  (*session)->set_ffn_observer(&fired);
+  // Token ids spread over the vocabulary (a random model has no text to prefer).
+  std::vector<int32_t> tokens(n_tokens);
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    tokens[i] = static_cast<int32_t>((i * 7919 + 3) % h.n_vocab);
+  }
+  if (absl::Status s = (*session)->Eval(tokens); !s.ok()) return s;
+  for (size_t l = 0; l < predictors.size(); ++l) {
+    std::vector<double>& v = fired.logits(l);
+    if (v.empty()) continue;  // nothing fired: keep the construction's threshold
+    // The largest threshold that keeps `recall` of the fired logits above it.
+    const size_t missed = static_cast<size_t>(std::floor((1.0 - recall) * v.size()));
+    std::nth_element(v.begin(), v.begin() + missed, v.end());
+    const float at = static_cast<float>(v[missed]);
+    predictors[l].threshold = std::nextafter(at, -std::numeric_limits<float>::infinity());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace thermocline

@@ -23,6 +23,8 @@
 
 namespace thermocline {
 
+class LlamaModel;
+
 struct SynthOptions {
   int64_t n_layer = 2;
   int64_t n_embd = 256;
@@ -57,6 +59,17 @@ struct SynthPredictor {
   std::vector<double> firing;  // (n_ff) each neuron's firing probability
 };
 absl::StatusOr<std::vector<SynthPredictor>> SynthPredictors(const SynthOptions& options);
+
+// The recall `synth --sidecar` calibrates the implied predictors to, as the profiler trains its
+// predictors to a target recall; the sidecar records it as its target.
+inline constexpr double kSynthPredictorRecall = 0.99;
+
+// Sets each layer's threshold as a profiler would: the model runs `n_tokens` tokens (ids spread
+// over the vocabulary) with the dense FFN, and the threshold is the largest that keeps `recall`
+// of the neurons that fired predicted. The construction's own threshold (SynthPredictors) is a
+// bound that predicts far more neurons than that needs: its recall is ~0.999.
+absl::Status CalibrateSynthThresholds(const LlamaModel& model, ThreadPool& pool, double recall,
+                                      int64_t n_tokens, std::vector<SynthPredictor>& predictors);
 
 absl::Status SynthesizeModel(const SynthOptions& options, const std::string& path,
                              ThreadPool& pool);
