@@ -59,6 +59,35 @@ void ParallelChunks(ThreadPool& pool, int64_t n, int64_t chunk, const Fn& fn) {
   });
 }
 
+// Calls fn(begin, end) on consecutive ranges of [0, n) that the threads claim as they come for
+// more, each 1 / (2 * threads) of what is left, rounded down to a multiple of `min_chunk` and
+// kept within [min_chunk, max_chunk]: long ranges while much is left, for the hardware
+// prefetchers to stream, and short ones at the end, so that the threads finish together (with
+// fixed ranges the one that draws the last long range finishes alone).
+template <class Fn>
+void ParallelGuided(ThreadPool& pool, int64_t n, int64_t min_chunk, int64_t max_chunk,
+                    const Fn& fn) {
+  if (pool.size() == 1 || n <= min_chunk) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const int64_t parts = 2 * pool.size();
+  std::atomic<int64_t> next{0};
+  pool.Run([&](int) {
+    int64_t begin = next.load(std::memory_order_relaxed);
+    while (begin < n) {
+      const int64_t size =
+          std::clamp((n - begin) / parts / min_chunk * min_chunk, min_chunk, max_chunk);
+      const int64_t end = std::min(n, begin + size);
+      // On failure `begin` is reloaded with the range another thread left.
+      if (next.compare_exchange_weak(begin, end, std::memory_order_relaxed)) {
+        fn(begin, end);
+        begin = next.load(std::memory_order_relaxed);
+      }
+    }
+  });
+}
+
 // Runs fn(t) for every token, on all threads when there is enough work.
 template <class Fn>
 void ForEachToken(ThreadPool& pool, int64_t n_tokens, int64_t cols, const Fn& fn) {
@@ -73,14 +102,12 @@ void ForEachToken(ThreadPool& pool, int64_t n_tokens, int64_t cols, const Fn& fn
 template <class Dot>
 void RunTiles(ThreadPool& pool, int64_t rows, int64_t n_tokens, float* y, const Dot& dot) {
   const int64_t n_groups = (n_tokens + kMaxGroup - 1) / kMaxGroup;
-  // About 4 chunks per thread, each a contiguous run of weights long enough (up to 256 rows) for
-  // the hardware prefetchers to stream it at full bandwidth: decode is all streaming.
-  // A matrix of fewer rows than that (a predictor's fc1) is split evenly over the threads
-  // instead of one kRowBlock chunk and a remainder.
-  const int64_t chunk = std::min(
-      std::clamp(rows / (4 * pool.size()) / kRowBlock * kRowBlock, kRowBlock, 8 * kRowBlock),
-      (rows + pool.size() - 1) / pool.size());
-  ParallelChunks(pool, rows, chunk, [&](int64_t r0, int64_t r1) {
+  // Guided ranges of up to 256 rows, contiguous runs of weights long enough for the hardware
+  // prefetchers to stream at full bandwidth (decode is all streaming), down to kRowBlock rows at
+  // the end. A matrix of few rows (a predictor's fc1, 33) is split evenly over the threads
+  // instead of into kRowBlock rows and a remainder.
+  const int64_t min_chunk = std::min(kRowBlock, (rows + pool.size() - 1) / pool.size());
+  ParallelGuided(pool, rows, min_chunk, 8 * kRowBlock, [&](int64_t r0, int64_t r1) {
     for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
       const int64_t re = std::min(r1, rb + kRowBlock);
       for (int64_t g = 0; g < n_groups; ++g) {
@@ -194,29 +221,17 @@ void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, co
     Fatal("scratch too small", *w[0]);
   }
   quant->quantize_panel(x, cols, quant->offset, panel);
-  // Chunks as RunTiles cuts them, per matrix, in one list the threads draw from.
-  struct Chunk {
-    int32_t m;
-    int64_t r0, r1;
-  };
-  constexpr int64_t kChunksPerMatrix = 64;
-  Chunk chunks[4 * kChunksPerMatrix];
-  int n_chunks = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    const int64_t rows = w[i]->rows;
-    const int64_t chunk = std::max(
-        std::clamp(rows / (4 * pool.size()) / kRowBlock * kRowBlock, kRowBlock, 8 * kRowBlock),
-        (rows + kChunksPerMatrix - 1) / kChunksPerMatrix);
-    for (int64_t r = 0; r < rows; r += chunk) {
-      chunks[n_chunks++] = {static_cast<int32_t>(i), r, std::min(rows, r + chunk)};
-    }
-  }
-  ParallelChunks(pool, n_chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const WeightView& m = *w[chunks[c].m];
-      float* out = y[chunks[c].m];
-      for (int64_t r = chunks[c].r0; r < chunks[c].r1; ++r) {
-        quant->dot(cols, m.row(r), panel, 0, 1, out + r);
+  // The matrices' rows as one range of rows, claimed in guided ranges as RunTiles claims a
+  // matrix's; a range that crosses from one matrix into the next is run in two parts.
+  int64_t first_row[5] = {0};
+  for (size_t i = 0; i < w.size(); ++i) first_row[i + 1] = first_row[i] + w[i]->rows;
+  const int64_t total = first_row[w.size()];
+  ParallelGuided(pool, total, kRowBlock, 8 * kRowBlock, [&](int64_t r0, int64_t r1) {
+    for (size_t i = 0; i < w.size(); ++i) {
+      const int64_t begin = std::max(r0, first_row[i]), end = std::min(r1, first_row[i + 1]);
+      const WeightView& m = *w[i];
+      for (int64_t r = begin; r < end; ++r) {
+        quant->dot(cols, m.row(r - first_row[i]), panel, 0, 1, y[i] + (r - first_row[i]));
       }
     }
   });

@@ -142,7 +142,7 @@ TEST_CASE("MatMulSameInput equals one MatMul per weight", "[matmul]") {
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16}) {
     const int64_t cols = 160;
     const Matrix q = RandomMatrix(type, 300, cols, 1), k = RandomMatrix(type, 37, cols, 2),
-                 v = RandomMatrix(type, 5000, cols, 3);  // more rows than 64 chunks of 32
+                 v = RandomMatrix(type, 5000, cols, 3);  // ranges that cross from q to k to v
     std::mt19937 rng(9);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (int64_t n_tokens : {1, 3}) {
