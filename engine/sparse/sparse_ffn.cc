@@ -244,15 +244,16 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
     lane.up.resize(h.n_ff);
     lane.acc.resize(h.n_embd);
   }
-  // Chunks of equal expected work, kChunksPerThread per thread, that the threads claim as they
-  // come (a token's active set varies, and a static split waited ≈ 20 µs per layer for the
-  // slower half). A slot weighs its firing count plus the mean count (gate rows of predicted
-  // neurons that do not fire; the colder slots' scattered rows cost more per row than the hot
-  // block's stream). Bounds are multiples of kChunkAlign slots, so that a chunk of a quantized
-  // fc2ᵀ row starts on a block.
+  // Chunks that the threads claim as they come (a token's active set varies, and a static split
+  // waited ≈ 20 µs per layer for the slower half), in guided sizes: each 1 / (2 · threads) of
+  // the expected work left, down to kMinChunkWork of it, so that the last ones are short and the
+  // threads finish together (equal chunks, 4 per thread, left one thread alone for 22 µs per
+  // layer on average). A slot weighs its firing count plus the mean count (gate rows of
+  // predicted neurons that do not fire; the colder slots' scattered rows cost more per row than
+  // the hot block's stream). Bounds are multiples of kChunkAlign slots, so that a chunk of a
+  // quantized fc2ᵀ row starts on a block.
   constexpr int64_t kChunkAlign = 64;
-  constexpr int kChunksPerThread = 4;
-  const int n_chunks = kChunksPerThread * n_lanes;
+  constexpr double kMinChunkWork = 0.025;
   for (size_t l = 0; l < plan().size(); ++l) {
     const std::vector<int32_t>& count = plan()[l].fire_count;
     const std::vector<int32_t>& neuron_of = weights_->layer(static_cast<int>(l)).neuron_of;
@@ -265,10 +266,10 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
       cum[s + 1] = cum[s] + c + mean;
     }
     std::vector<int64_t> bounds = {0};
-    for (int k = 1; k <= n_chunks; ++k) {
-      const double target = cum[h.n_ff] * k / n_chunks;
-      int64_t b = std::lower_bound(cum.begin(), cum.end(), target) - cum.begin();
-      b = k == n_chunks ? h.n_ff : (b + kChunkAlign / 2) / kChunkAlign * kChunkAlign;
+    for (double done = 0; bounds.back() < h.n_ff;) {
+      done += std::max(kMinChunkWork, (1.0 - done) / (2 * n_lanes));
+      int64_t b = std::lower_bound(cum.begin(), cum.end(), cum[h.n_ff] * done) - cum.begin();
+      b = done >= 1.0 ? h.n_ff : (b + kChunkAlign / 2) / kChunkAlign * kChunkAlign;
       b = std::min<int64_t>(b, h.n_ff);
       if (b > bounds.back()) bounds.push_back(b);  // empty chunks dropped
     }
