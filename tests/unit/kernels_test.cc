@@ -249,6 +249,26 @@ TEST_CASE("AttendHead of every ISA matches the scalar reference", "[kernels]") {
   }
 }
 
+TEST_CASE("AttendHead of every ISA returns NaN for a NaN score, as the reference does",
+          "[kernels]") {
+  // A broken KV cache must show in the output, not vanish into a zero weight.
+  const int64_t head_dim = 64, n_kv = 40;
+  const std::vector<float> q = RandomFloats(head_dim, 11);
+  std::vector<float> k = RandomFloats(n_kv * head_dim, 12);
+  const std::vector<float> v = RandomFloats(n_kv * head_dim, 13);
+  for (int64_t bad : {int64_t{3}, n_kv - 1}) {  // a position in a full vector, one in the tail
+    std::vector<float> kb = k;
+    kb[bad * head_dim + 5] = std::numeric_limits<float>::quiet_NaN();
+    for (Isa isa : AvailableIsas()) {
+      std::vector<float> scores(n_kv), out(head_dim, 0.0f);
+      AttendHead(isa, n_kv, head_dim, q.data(), kb.data(), head_dim, v.data(), head_dim, 0.125f,
+                 scores.data(), out.data());
+      INFO(IsaName(isa) << " NaN at position " << bad);
+      for (float o : out) CHECK(std::isnan(o));
+    }
+  }
+}
+
 TEST_CASE("HalfToFloat and FloatToHalf round trip every half", "[kernels]") {
   for (uint32_t h = 0; h < 65536; ++h) {
     const float f = HalfToFloat(static_cast<uint16_t>(h));
