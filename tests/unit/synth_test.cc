@@ -47,7 +47,8 @@ struct FiringCounter : FfnObserver {
   }
 };
 
-TEST_CASE("synth --sparsity makes ReLU neurons fire at the asked rate", "[synth]") {
+// A small ReLU model at 90% sparsity, 3% hot neurons.
+SynthOptions SparseOptions(GgmlType type) {
   SynthOptions o;
   o.n_layer = 3;
   o.n_embd = 256;
@@ -55,10 +56,15 @@ TEST_CASE("synth --sparsity makes ReLU neurons fire at the asked rate", "[synth]
   o.n_head = 4;
   o.n_head_kv = 2;
   o.n_vocab = 2000;
-  o.type = GgmlType::kF32;
+  o.type = type;
   o.activation = FfnActivation::kRelu;
   o.sparsity = 0.9;
   o.hot_fraction = 0.03;
+  return o;
+}
+
+TEST_CASE("synth --sparsity makes ReLU neurons fire at the asked rate", "[synth]") {
+  SynthOptions o = SparseOptions(GgmlType::kF32);
   ThreadPool pool(2);
   const std::string path = (testing::TempDir() / "synth-sparse.gguf").string();
   REQUIRE(SynthesizeModel(o, path, pool).ok());
@@ -127,17 +133,7 @@ struct PredictorScorer : FfnObserver {
 };
 
 TEST_CASE("synth's calibrated predictors reach their recall on other tokens", "[synth]") {
-  SynthOptions o;
-  o.n_layer = 3;
-  o.n_embd = 256;
-  o.n_ff = 1024;
-  o.n_head = 4;
-  o.n_head_kv = 2;
-  o.n_vocab = 2000;
-  o.type = GgmlType::kQ4_0;
-  o.activation = FfnActivation::kRelu;
-  o.sparsity = 0.9;
-  o.hot_fraction = 0.03;
+  const SynthOptions o = SparseOptions(GgmlType::kQ4_0);
   ThreadPool pool(2);
   const std::string path = (testing::TempDir() / "synth-predictors.gguf").string();
   REQUIRE(SynthesizeModel(o, path, pool).ok());
