@@ -11,8 +11,17 @@ namespace thermocline {
 
 // out = x / rms(x) * weight. x, out, weight: (n)
 inline void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  // Eight partial sums: independent chains the compiler keeps in vector lanes. One running sum
+  // is a chain of n dependent adds (≈ 3 µs for 2048 values, 45 norms per token).
+  constexpr int kParts = 8;
+  double part[kParts] = {};
+  int64_t j = 0;
+  for (; j + kParts <= n; j += kParts) {
+    for (int k = 0; k < kParts; ++k) part[k] += static_cast<double>(x[j + k]) * x[j + k];
+  }
   double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  for (; j < n; ++j) sum += static_cast<double>(x[j]) * x[j];
+  for (double p : part) sum += p;
   const float scale = static_cast<float>(1.0 / std::sqrt(sum / n + eps));
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
