@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/gguf/gguf.h"
+#include "engine/model/cpu_ops.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
 #include "engine/ops/kernels.h"
@@ -348,7 +349,7 @@ absl::StatusOr<std::vector<SynthPredictor>> SynthPredictors(const SynthOptions& 
 namespace {
 
 // Collects, per layer, the implied predictors' logits of the neurons that fire: the FFN input
-// x normed as the layer norms it, then fc2·relu(fc1·xn + b1) + b2.
+// x normed as the session norms it (RmsNorm), then fc2·relu(fc1·xn + b1) + b2.
 class FiredLogits : public FfnObserver {
  public:
   FiredLogits(const LlamaModel& model, const std::vector<SynthPredictor>& predictors)
@@ -357,14 +358,11 @@ class FiredLogits : public FfnObserver {
   void OnFfn(int layer, const float* x, int64_t n_embd, const float* act, int64_t n_ff,
              int64_t n_tokens) override {
     const SynthPredictor& p = predictors_[layer];
-    const std::vector<float>& norm = model_.layers()[layer].ffn_norm;
-    std::vector<double> xn(n_embd), hidden(p.rank);
+    std::vector<float> xn(n_embd);
+    std::vector<double> hidden(p.rank);
     for (int64_t t = 0; t < n_tokens; ++t) {
-      const float* xt = x + t * n_embd;
-      double ss = 0;
-      for (int64_t j = 0; j < n_embd; ++j) ss += double{xt[j]} * xt[j];
-      const double inv_rms = 1.0 / std::sqrt(ss / n_embd + model_.hparams().rms_eps);
-      for (int64_t j = 0; j < n_embd; ++j) xn[j] = xt[j] * inv_rms * norm[j];
+      RmsNorm(x + t * n_embd, model_.layers()[layer].ffn_norm.data(), n_embd,
+              model_.hparams().rms_eps, xn.data());
       for (int64_t k = 0; k < p.rank; ++k) {
         double h = p.b1[k];
         for (int64_t j = 0; j < n_embd; ++j) h += double{p.fc1[k * n_embd + j]} * xn[j];

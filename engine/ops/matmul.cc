@@ -208,7 +208,8 @@ void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, co
                      int64_t n_tokens, absl::Span<float* const> y, MatMulScratch& scratch) {
   const Isa isa = BestIsa();
   const QuantDot* quant = w.empty() ? nullptr : ops_internal::QuantDotFor(w[0]->type, isa);
-  bool shared = n_tokens == 1 && quant != nullptr && w.size() <= 4;
+  constexpr size_t kMaxShared = 4;  // matrices one shared pass takes (Q, K, V and one more)
+  bool shared = n_tokens == 1 && quant != nullptr && w.size() <= kMaxShared;
   for (const WeightView* m : w) shared = shared && m->type == w[0]->type && m->cols == w[0]->cols;
   if (!shared) {
     for (size_t i = 0; i < w.size(); ++i) MatMul(pool, *w[i], x, n_tokens, y[i], scratch, isa);
@@ -223,7 +224,7 @@ void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, co
   quant->quantize_panel(x, cols, quant->offset, panel);
   // The matrices' rows as one range of rows, claimed in guided ranges as RunTiles claims a
   // matrix's; a range that crosses from one matrix into the next is run in two parts.
-  int64_t first_row[5] = {0};
+  int64_t first_row[kMaxShared + 1] = {0};
   for (size_t i = 0; i < w.size(); ++i) first_row[i + 1] = first_row[i] + w[i]->rows;
   const int64_t total = first_row[w.size()];
   ParallelGuided(pool, total, kRowBlock, 8 * kRowBlock, [&](int64_t r0, int64_t r1) {
