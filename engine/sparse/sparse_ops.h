@@ -20,7 +20,8 @@ struct OwnedWeight {
   WeightView view;
   HugeBytes data;  // on huge pages: the sparse operators read scattered rows
 
-  // A zero-filled (rows, cols) matrix of `type`, its view over its own storage.
+  // A (rows, cols) matrix of `type`, its view over its own storage, uninitialized: the caller
+  // writes every row.
   static OwnedWeight Allocate(GgmlType type, int64_t rows, int64_t cols);
 };
 
@@ -119,8 +120,8 @@ void SparseAxpyReference(const WeightView& w_t, const int32_t* idx, const float*
                          int64_t n_active, float* out);
 
 // down_t: (down.cols, down.rows) of down's type, or F32 when that type's block size does not
-// divide down.rows (or it has no kernels). Parallel over the pool. With `order` (down.cols
-// entries), row k of down_t is column order[k] of down.
+// divide down.rows (or it has no kernels). Parallel over the pool. With `order` (a permutation
+// of down.cols entries), row k of down_t is column order[k] of down.
 absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
                                             const int32_t* order = nullptr);
 // Row k of the result is row order[k] of w, k < n: a copy, on huge pages.

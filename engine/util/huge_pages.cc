@@ -17,7 +17,7 @@ void* AllocateHugePageBacked(size_t bytes) {
   void* p = std::aligned_alloc(kHugePageBytes, rounded);
   if (p == nullptr) throw std::bad_alloc();
   // Advice only: without THP (or with it off) the pages stay 4 KB and everything still works.
-  if (!std::getenv("TC_NOHUGE")) madvise(p, rounded, MADV_HUGEPAGE);
+  madvise(p, rounded, MADV_HUGEPAGE);
   return p;
 }
 

@@ -6,6 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace thermocline {
@@ -20,6 +23,17 @@ struct HugePageAllocator {
   HugePageAllocator(const HugePageAllocator<U>&) {}  // NOLINT: rebinding is implicit
   T* allocate(size_t n);
   void deallocate(T* p, size_t n);
+  // Elements are default-initialized: resize() leaves the bytes as the allocation gave them
+  // (zero pages from the kernel for huge allocations) instead of zeroing them on one thread
+  // first, so that the pages of a copy are faulted in by the threads that write it.
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
   template <class U>
   bool operator==(const HugePageAllocator<U>&) const {
     return true;

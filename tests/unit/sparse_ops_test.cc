@@ -3,6 +3,7 @@
 // single, partial and full active sets.
 #include "engine/sparse/sparse_ops.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -214,6 +215,58 @@ TEST_CASE("sparse axpy over down_t equals dense down restricted", "[sparse]") {
       const bool blocked = TypeInfo(type).block_size > 1;
       CheckAxpy(type, blocked ? 64 : 37, blocked ? 96 : 67, pool);
       CheckAxpy(type, 48, blocked ? 224 : 131, pool);  // 48: blocks don't divide → F32 down_t
+    }
+  }
+}
+
+// down_t built the plain way: each column of down dequantized whole, then written in down_t's
+// type, row k holding column order[k].
+std::vector<uint8_t> TransposedReference(const WeightView& down, const std::vector<int32_t>& order,
+                                         GgmlType type) {
+  const std::vector<float> df = Dequantized(down);
+  const size_t row_bytes = RowBytes(type, down.rows);
+  std::vector<uint8_t> out(row_bytes * down.cols);
+  std::vector<float> column(down.rows);
+  for (int64_t k = 0; k < down.cols; ++k) {
+    for (int64_t r = 0; r < down.rows; ++r) column[r] = df[r * down.cols + order[k]];
+    KernelsFor(type, Isa::kScalar)
+        ->from_float(column.data(), out.data() + k * row_bytes, down.rows);
+  }
+  return out;
+}
+
+// The columns in several bands per thread and a last band cut short (blocked types: 7 blocks of
+// columns; the others 75 columns), the rows some thousands (a column's buffer longer than a
+// page), with and without an order.
+TEST_CASE("down_t is down's columns in the given order, byte for byte", "[sparse]") {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (GgmlType type : kTypes) {
+      const bool blocked = TypeInfo(type).block_size > 1;
+      for (int64_t rows : {int64_t{64}, int64_t{2112}, int64_t{48}}) {
+        const int64_t cols = blocked ? 224 : 75;
+        const OwnedWeight down = RandomWeight(type, rows, cols, 31 + static_cast<uint32_t>(rows));
+        std::vector<int32_t> order(cols);
+        for (int64_t k = 0; k < cols; ++k) order[k] = static_cast<int32_t>(k);
+        std::mt19937 rng(7);
+        std::shuffle(order.begin(), order.end(), rng);
+        const GgmlType t_type = rows % TypeInfo(type).block_size == 0 ? type : GgmlType::kF32;
+        INFO(TypeName(type) << " " << rows << "x" << cols << ", " << threads << " threads");
+        absl::StatusOr<OwnedWeight> shuffled = TransposeWeight(pool, down.view, order.data());
+        REQUIRE(shuffled.ok());
+        REQUIRE(shuffled->view.type == t_type);
+        REQUIRE(shuffled->view.rows == cols);
+        REQUIRE(shuffled->view.cols == rows);
+        REQUIRE(shuffled->data.size() >= RowBytes(t_type, rows) * cols);
+        const std::vector<uint8_t> want = TransposedReference(down.view, order, t_type);
+        REQUIRE(std::equal(want.begin(), want.end(), shuffled->data.begin()));
+        std::vector<int32_t> identity(cols);
+        for (int64_t k = 0; k < cols; ++k) identity[k] = static_cast<int32_t>(k);
+        absl::StatusOr<OwnedWeight> plain = TransposeWeight(pool, down.view);
+        REQUIRE(plain.ok());
+        const std::vector<uint8_t> want_plain = TransposedReference(down.view, identity, t_type);
+        REQUIRE(std::equal(want_plain.begin(), want_plain.end(), plain->data.begin()));
+      }
     }
   }
 }
