@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <system_error>
 
 namespace thermocline::testing {
 
@@ -23,15 +24,28 @@ inline std::string TestModelsDir() {
 
 inline std::string TestModelPath(const std::string& name) { return TestModelsDir() + "/" + name; }
 
-// A scratch directory unique to this test process, removed by the OS's tmp cleaning.
+// A scratch directory of this test process, made new (mkdtemp) and removed when it exits. Named
+// after the pid, a directory left by an earlier process with the same pid handed its registry to
+// this one's daemons, whose model list was then not empty.
 inline std::filesystem::path TempDir() {
-  static const std::filesystem::path dir = [] {
-    std::filesystem::path p =
-        std::filesystem::temp_directory_path() / ("thermocline-test-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(p);
-    return p;
-  }();
-  return dir;
+  struct Dir {
+    std::filesystem::path path;
+    Dir() {
+      std::string name =
+          (std::filesystem::temp_directory_path() / "thermocline-test-XXXXXX").string();
+      if (::mkdtemp(name.data()) == nullptr) {
+        std::perror("thermocline tests: mkdtemp");
+        std::abort();
+      }
+      path = name;
+    }
+    ~Dir() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
 }
 
 inline std::string ThermoclineBinary() { return THERMOCLINE_BINARY; }
