@@ -1,6 +1,8 @@
 // The AVX-512 kernels: kernels_simd.inc over vec_avx512.h. Built with -mavx512f -mavx512bw
 // -mavx512vl -mavx512dq on top of the AVX2 flags (engine/CMakeLists.txt); called only on CPUs
 // that have them (kernels.cc checks).
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 

@@ -4,6 +4,8 @@
 // have AVX512_VNNI (kernels.cc checks).
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 

@@ -133,6 +133,14 @@ inline I FlipSign(I v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast
 inline F ToFloat(I v) { return _mm512_cvtepi32_ps(v); }
 // Float to int32 lanes, rounded to nearest even.
 inline I ToIntRound(F v) { return _mm512_cvtps_epi32(v); }
+// Float to int32 lanes, truncated toward zero (a C++ float-to-int cast).
+inline I ToIntTrunc(F v) { return _mm512_cvttps_epi32(v); }
+// v, kept apart: the product that made it is not fused into a later add (GCC contracts
+// a * b + c into an FMA otherwise) where a reference rounds the product first.
+inline F Unfused(F v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
 
 // ---- Int32 / int16 lanes (the tile kernels: one weight row per int32 lane) ----
 inline I ZeroI() { return _mm512_setzero_si512(); }

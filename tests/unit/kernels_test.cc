@@ -99,6 +99,35 @@ TEST_CASE("AvailableIsas starts with scalar and has a table for every type", "[k
   if (isas.size() == 1) WARN("only the scalar kernels run on this CPU: SIMD parity not tested");
 }
 
+// Overwrites the first blocks of a quantized row with the quantizers' corner cases: all zero,
+// all -0, the largest magnitude twice with opposite signs (the first one sets d's sign), and
+// values near 1e-30 (tiny, yet 1 / d stays finite). The random values stay within 4.
+void SpecialBlocks(std::vector<float>* src) {
+  const int64_t blocks = static_cast<int64_t>(src->size()) / 32;
+  for (int64_t b = 0; b < std::min<int64_t>(blocks, 5); ++b) {
+    float* x = src->data() + b * 32;
+    switch (b) {
+      case 0:
+        std::fill_n(x, 32, 0.0f);
+        break;
+      case 1:
+        std::fill_n(x, 32, -0.0f);
+        break;
+      case 2:
+        x[5] = 6.5f;
+        x[20] = -6.5f;
+        break;
+      case 3:
+        x[3] = -6.5f;
+        x[30] = 6.5f;
+        break;
+      default:
+        for (int j = 0; j < 32; ++j) x[j] *= 1e-30f;
+        break;
+    }
+  }
+}
+
 TEST_CASE("to_float and from_float match the reference bit for bit", "[kernels]") {
   for (GgmlType type : kTypes) {
     const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
@@ -111,6 +140,8 @@ TEST_CASE("to_float and from_float match the reference bit for bit", "[kernels]"
         for (size_t i = 0; i < sizeof(special) / sizeof(special[0]) && i < src.size(); ++i) {
           src[i * 3 % src.size()] = special[i];
         }
+      } else {
+        SpecialBlocks(&src);
       }
       std::vector<uint8_t> want(RowBytes(type, n)), got(want.size());
       std::vector<float> want_f(static_cast<size_t>(n)), got_f(want_f.size());
@@ -330,30 +361,52 @@ TEST_CASE("FloatToBf16 rounds to nearest even and keeps NaN quiet", "[kernels]")
 }
 
 TEST_CASE("Q4_0 quantization matches ggml's reference on known blocks", "[kernels]") {
-  const TypeKernels& q4 = *KernelsFor(GgmlType::kQ4_0, Isa::kScalar);
-  float x[32];
-  BlockQ4_0 b;
-  // Values -8..7 twice: the first -8 has the largest magnitude, d = -8 / -8 = 1, and
-  // q = (int)(x / d + 8.5) = x + 8, so byte j holds q(j) | q(j + 16) << 4 = j | j << 4.
-  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j % 16 - 8);
-  q4.from_float(x, &b, 32);
-  CHECK(b.d == 0x3C00);
-  for (int j = 0; j < 16; ++j) CHECK(b.qs[j] == (j | j << 4));
-  // x = j - 16: max = -16, d = 2, id = 0.5, q = (int)(j / 2 + 0.5) = (j + 1) / 2, capped at 15.
-  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16);
-  q4.from_float(x, &b, 32);
-  CHECK(b.d == 0x4000);
-  for (int j = 0; j < 16; ++j) CHECK(b.qs[j] == ((j + 1) / 2 | std::min(15, (j + 17) / 2) << 4));
-  // Negated: max = +16, d = -2 and the same quants.
-  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(16 - j);
-  q4.from_float(x, &b, 32);
-  CHECK(b.d == 0xC000);
-  CHECK(b.qs[0] == (0 | 8 << 4));
-  // All zero: d = 0 / -8 = -0 (fp16 0x8000), id = 0, q = (int)8.5 = 8.
-  for (float& v : x) v = 0.0f;
-  q4.from_float(x, &b, 32);
-  CHECK(b.d == 0x8000);
-  for (int j = 0; j < 16; ++j) CHECK(b.qs[j] == 0x88);
+  for (Isa isa : AvailableIsas()) {  // the SIMD quantizers are checked here too
+    INFO(IsaName(isa));
+    const TypeKernels& q4 = *KernelsFor(GgmlType::kQ4_0, isa);
+    float x[32];
+    BlockQ4_0 b;
+    // Values -8..7 twice: the first -8 has the largest magnitude, d = -8 / -8 = 1, and
+    // q = (int)(x / d + 8.5) = x + 8, so byte j holds q(j) | q(j + 16) << 4 = j | j << 4.
+    for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j % 16 - 8);
+    q4.from_float(x, &b, 32);
+    CHECK(b.d == 0x3C00);
+    for (int j = 0; j < 16; ++j) CHECK(b.qs[j] == (j | j << 4));
+    // x = j - 16: max = -16, d = 2, id = 0.5, q = (int)(j / 2 + 0.5) = (j + 1) / 2, capped at 15.
+    for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16);
+    q4.from_float(x, &b, 32);
+    CHECK(b.d == 0x4000);
+    for (int j = 0; j < 16; ++j) CHECK(b.qs[j] == ((j + 1) / 2 | std::min(15, (j + 17) / 2) << 4));
+    // Negated: max = +16, d = -2 and the same quants.
+    for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(16 - j);
+    q4.from_float(x, &b, 32);
+    CHECK(b.d == 0xC000);
+    CHECK(b.qs[0] == (0 | 8 << 4));
+    // All zero: d = 0 / -8 = -0 (fp16 0x8000), id = 0, q = (int)8.5 = 8.
+    for (float& v : x) v = 0.0f;
+    q4.from_float(x, &b, 32);
+    CHECK(b.d == 0x8000);
+    for (int j = 0; j < 16; ++j) CHECK(b.qs[j] == 0x88);
+  }
+}
+
+// The reference rounds x · id before adding 8.5; an FMA rounds once. Requantizing dequantized
+// Q4_0 values (as TransposeWeight does) lands exactly where that matters: with max = -24 (d = 3,
+// id = fl(1/3), a little over 1/3), x = 3 · (q - 8.5) gives x · id just below q - 8.5, rounded
+// to it, so the reference's quant is q; fused, x · id + 8.5 stays below q and truncates to q - 1.
+TEST_CASE("the Q4_0 quantizers round the product before adding 8.5", "[kernels]") {
+  float x[32] = {-24.0f};
+  for (int q = 1; q <= 8; ++q) x[q] = 3.0f * (static_cast<float>(q) - 8.5f);
+  BlockQ4_0 want, got;
+  KernelsFor(GgmlType::kQ4_0, Isa::kScalar)->from_float(x, &want, 32);
+  CHECK(want.d == 0x4200);  // 3
+  for (int q = 0; q <= 8; ++q) CHECK((want.qs[q] & 0xF) == q);
+  CHECK(std::fmaf(x[1], 1.0f / 3.0f, 8.5f) < 1.0f);  // what an FMA would truncate to 0
+  for (Isa isa : AvailableIsas()) {
+    INFO(IsaName(isa));
+    KernelsFor(GgmlType::kQ4_0, isa)->from_float(x, &got, 32);
+    CHECK(std::memcmp(&want, &got, sizeof(want)) == 0);
+  }
 }
 
 TEST_CASE("Q8_0 quantization matches ggml's reference on known blocks", "[kernels]") {
