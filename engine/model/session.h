@@ -80,8 +80,11 @@ class Session {
   FfnBackend* ffn_backend_ = nullptr;
   LayerBackend* layer_backend_ = nullptr;
 
-  std::vector<float> k_cache_;   // (n_layer, n_ctx, kv_dim)
-  std::vector<float> v_cache_;   // (n_layer, n_ctx, kv_dim)
+  // (n_layer, n_ctx, kv_dim), uninitialized: a position is written before attention reads it,
+  // so the pages of positions never reached are never touched (Llama 2 7B at 4096 positions:
+  // 2 GiB each, which used to be zeroed when the session was made).
+  std::unique_ptr<float[]> k_cache_;
+  std::unique_ptr<float[]> v_cache_;
   std::vector<float> inv_freq_;  // (rope_dim / 2)
   std::vector<float> rope_;      // (max_batch, rope_dim): cos, sin pairs per token
   std::vector<float> x_;         // (max_batch, n_embd) residual stream
