@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/ops/kernels.h"
 #include "engine/runtime/bench.h"
+#include "engine/runtime/sparse_read_floor.h"
 #include "nlohmann/json.hpp"
 #include "offline/solver/hardware.h"
 #include "tools/commands.h"
@@ -41,8 +42,9 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Dense and sparse decode in the same run, their ratio, and the ideal ratio from the weight
-// bytes each reads per token (predictors included).
+// Dense and sparse decode in the same run, their ratio, the ideal ratio from the weight bytes
+// each reads per token (predictors included), and the read floor (engine/runtime/
+// sparse_read_floor.h): the ratio of a sparse token whose FFN cost only fetching its rows.
 int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o, SparseFfn& sparse,
                 bool json) {
   auto session = Session::Create(model, &pool);
@@ -67,11 +69,34 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
   const double predicted = st.layer_tokens ? st.predicted / st.layer_tokens / n_ff : 0;
   const double fired = st.layer_tokens ? st.fired / st.layer_tokens / n_ff : 0;
   const double ratio = *sparse_tps / *dense_tps;
-  const double ideal = sparse.DenseBytesPerToken() / sparse.SparseBytesPerToken();
+  const double dense_bytes = sparse.DenseBytesPerToken(),
+               sparse_bytes = sparse.SparseBytesPerToken();
+  const double ideal = dense_bytes / sparse_bytes;
   const double predictor_share = st.total_s > 0 ? st.predictor_s / st.total_s : 0;
   // Per decoded token: the sparse FFN's share of the whole token (predictors within it).
   const double layer_tokens = std::max<double>(1.0, static_cast<double>(st.layer_tokens));
   const double ffn_ms = 1e3 * st.total_s * model.hparams().n_layer / layer_tokens;
+  // The read floor: one more sparse run, recorded (untimed), and the rows it read read again
+  // with nothing computed, the rest of a token's weights streamed between tokens. The token it
+  // bounds: the measured one with its FFN replaced by only those reads.
+  ActiveSetRecorder recorder;
+  (*session)->set_ffn_backend(&sparse);
+  sparse.set_active_set_observer(&recorder);
+  const absl::StatusOr<double> recorded = DecodeTokensPerS(**session, o);
+  sparse.set_active_set_observer(nullptr);
+  if (!recorded.ok()) return Fail("bench", recorded.status());
+  double ffn_bytes = 0;  // dense FFN weight bytes per token
+  for (const LayerWeights& L : model.layers()) {
+    for (const WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+      ffn_bytes += static_cast<double>(w->row_bytes) * w->rows;
+    }
+  }
+  const double floor_ms =
+      1e3 * ReplaySparseReads(*sparse.weights(), pool, recorder, std::max(1, o.repetitions),
+                              static_cast<size_t>(dense_bytes - ffn_bytes));
+  const bool have_floor = floor_ms > 0;
+  const double floor_token_ms = 1e3 / *sparse_tps - ffn_ms + floor_ms;
+  const double floor_ratio = (1e3 / *dense_tps) / floor_token_ms;
   if (json) {
     nlohmann::json out = {{"dense_decode_tokens_per_s", *dense_tps},
                           {"sparse_decode_tokens_per_s", *sparse_tps},
@@ -84,6 +109,12 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
                           {"sparse_ffn_ms_per_token", ffn_ms},
                           {"sparse_token_ms", 1e3 / *sparse_tps},
                           {"oracle", sparse.options().oracle}};
+    if (have_floor) {
+      out["ffn_read_floor_ms_per_token"] = floor_ms;
+      out["floor_token_ms"] = floor_token_ms;
+      out["floor_ratio"] = floor_ratio;
+      out["floor_of_ideal"] = floor_ratio / ideal;
+    }
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf(
@@ -93,10 +124,15 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
         "predictors %.0f%% of sparse FFN time; sparse FFN %.2f of %.2f ms per token\n",
         pool.size(), IsaName(BestIsa()), static_cast<long long>(o.gen_tokens),
         static_cast<long long>(o.prompt_tokens), *dense_tps, *sparse_tps,
-        sparse.options().oracle ? " (oracle)" : "", ratio, ideal,
-        sparse.DenseBytesPerToken() / 1048576.0, sparse.SparseBytesPerToken() / 1048576.0,
-        100 * ratio / ideal, 100 * predicted, 100 * fired, 100 * predictor_share, ffn_ms,
-        1e3 / *sparse_tps);
+        sparse.options().oracle ? " (oracle)" : "", ratio, ideal, dense_bytes / 1048576.0,
+        sparse_bytes / 1048576.0, 100 * ratio / ideal, 100 * predicted, 100 * fired,
+        100 * predictor_share, ffn_ms, 1e3 / *sparse_tps);
+    if (have_floor) {
+      std::printf(
+          "read floor: the FFN's rows alone %.2f ms per token (its active sets replayed, cold); "
+          "a sparse token at that floor %.2f ms: %.2fx, %.0f%% of ideal\n",
+          floor_ms, floor_token_ms, floor_ratio, 100 * floor_ratio / ideal);
+    }
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops/matmul.h"
+#include "engine/runtime/touch_lines.h"
 #include "engine/sparse/sparse_ops.h"
 
 namespace thermocline {
@@ -39,18 +40,6 @@ double Median(std::vector<double> v) {
 
 double Micros(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
-}
-
-// One 8-byte word per 64-byte line of [p, p + bytes) and the last word: every line read once
-// and nothing computed, what merely reading the bytes costs on this machine. bytes >= 8.
-uint64_t TouchLines(const uint8_t* p, size_t bytes) {
-  uint64_t sum = 0, v;
-  for (size_t o = 0; o + 8 <= bytes; o += 64) {
-    std::memcpy(&v, p + o, 8);
-    sum += v;
-  }
-  std::memcpy(&v, p + bytes - 8, 8);
-  return sum + v;
 }
 
 // A weight matrix (rows, cols) of `type` with uniform random values in [-1, 1).

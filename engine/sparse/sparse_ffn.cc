@@ -243,6 +243,8 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
     lane.gate.resize(h.n_ff);
     lane.up.resize(h.n_ff);
     lane.acc.resize(h.n_embd);
+    lane.seen_predicted.resize(h.n_ff);
+    lane.seen_up.resize(h.n_ff);
   }
   // Chunks that the threads claim as they come (a token's active set varies, and a static split
   // waited ≈ 20 µs per layer for the slower half), in guided sizes: each 1 / (2 · threads) of
@@ -315,6 +317,7 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
     PrepareActivations(y.up.type, isa_, xn, h.n_embd, x_up_.data());
   }
   next_chunk_.store(0, std::memory_order_relaxed);
+  if (observer_ != nullptr) observer_->OnLayer(layer);
   pool_->Run([&](int lane) { RunLane(layer, lane); });
   std::copy_n(lanes_[0].acc.data(), h.n_embd, out);
   for (size_t k = 1; k < lanes_.size(); ++k) {
@@ -371,12 +374,15 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool
   }
   if (time_it) lane.predictor_s += Seconds(t0, std::chrono::steady_clock::now());
   lane.predicted += n;
+  const int64_t n_predicted = n;
+  if (observer_ != nullptr) std::copy_n(idx, n, lane.seen_predicted.data());
   const WeightView& gw = y.gate;
   const WeightView& uw = y.up;
   const void* x_up = uw.type == gw.type ? x_gate_.data() : x_up_.data();
   SparseRowDots(isa_, gw, x_gate_.data(), idx, n, gate);
   // ReLU family: up rows only for the neurons whose gate fired.
   if (GateDecides(h.activation)) n = KeepWhere(idx, gate, n, [](float g) { return g > 0.0f; });
+  if (observer_ != nullptr) std::copy_n(idx, n, lane.seen_up.data());
   SparseRowDots(isa_, uw, x_up, idx, n, up);
   GatedActivation(h.activation, gate, up, n);
   // Below the magnitude threshold (and exact zeros): dropped before down reads their rows.
@@ -384,6 +390,11 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool
   const int64_t m =
       KeepWhere(idx, gate, n, [thr](float a) { return std::fabs(a) > thr && a != 0.0f; });
   lane.fired += m;
+  if (observer_ != nullptr) {
+    observer_->OnChunk(layer, {lane.seen_predicted.data(), static_cast<size_t>(n_predicted)},
+                       {lane.seen_up.data(), static_cast<size_t>(n)},
+                       {idx, static_cast<size_t>(m)});
+  }
   SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, gate, m, lane.acc.data());
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/model/ffn_backend.h"
 #include "engine/model/llama_model.h"
@@ -98,6 +99,19 @@ struct SparseFfnStats {
   double total_s = 0;        // time in Forward
 };
 
+// Sees the rows the fused decode path (no device part, no oracle) reads, for benchmarks
+// (engine/runtime/sparse_read_floor.h replays them). OnLayer comes once per layer and token,
+// before its chunks; OnChunk then from the pool's threads, concurrently, once per chunk of slots:
+// the slots whose gate rows were read (predicted), whose up rows were (up: those whose gate
+// fired, for the ReLU family; else the predicted), and whose down_t rows were (fired).
+class ActiveSetObserver {
+ public:
+  virtual ~ActiveSetObserver() = default;
+  virtual void OnLayer(int layer) = 0;
+  virtual void OnChunk(int layer, absl::Span<const int32_t> predicted, absl::Span<const int32_t> up,
+                       absl::Span<const int32_t> fired) = 0;
+};
+
 class SparseFfn : public FfnBackend {
  public:
   // SparseWeights::Build, then the FFN over them. pool: the host executor, shared with the
@@ -115,6 +129,9 @@ class SparseFfn : public FfnBackend {
   void Forward(int layer, const float* x, const float* xn, int64_t n_tokens, float* out) override;
   // The session whose DenseFfn serves prefill when options.dense_prefill.
   void set_session(Session* session) { session_ = session; }
+
+  // Not owned; nullptr (the default) to stop. Costs a copy of each chunk's slots while set.
+  void set_active_set_observer(ActiveSetObserver* observer) { observer_ = observer; }
 
   const SparseFfnStats& stats() const { return stats_; }
   void ResetStats() { stats_ = {}; }
@@ -137,10 +154,11 @@ class SparseFfn : public FfnBackend {
   // One thread's share of a layer on the fused path: the chunks of slots it claimed, from
   // predictor logits to its partial down sum.
   struct Lane {
-    std::vector<int32_t> idx;  // (n_ff) active slots of the chunk at hand
-    std::vector<float> gate;   // (n_ff) compact: gate, then the activation
-    std::vector<float> up;     // (n_ff)
-    std::vector<float> acc;    // (n_embd) partial output
+    std::vector<int32_t> idx;                      // (n_ff) active slots of the chunk at hand
+    std::vector<float> gate;                       // (n_ff) compact: gate, then the activation
+    std::vector<float> up;                         // (n_ff)
+    std::vector<float> acc;                        // (n_embd) partial output
+    std::vector<int32_t> seen_predicted, seen_up;  // (n_ff) for observer_: idx before compaction
     int64_t predicted = 0, fired = 0;
     double predictor_s = 0;
   };
@@ -165,6 +183,7 @@ class SparseFfn : public FfnBackend {
   ThreadPool* pool_;
   SparseFfnOptions options_;
   Session* session_ = nullptr;
+  ActiveSetObserver* observer_ = nullptr;
   std::unique_ptr<ThreadPool> device_pool_;
   std::unique_ptr<ThreadPool> dispatch_pool_;  // 2 threads: host part, device part
   std::unique_ptr<Executor> host_, device_;

@@ -132,6 +132,45 @@ TEST_CASE("synth, quantize and bench work together", "[cli]") {
 namespace thermocline {
 namespace {
 
+TEST_CASE("bench with a sidecar: sparse against dense, the ideal and the read floor", "[cli]") {
+  const std::string dir = testing::TempDir().string();
+  Result r =
+      Run("synth --layers 2 --embd 128 --ff 512 --heads 4 --kv-heads 2 --vocab 600 --type q4_0 "
+          "--activation relu --sparsity 0.9 --hot-fraction 0.03 -o " +
+          dir + "/sp.gguf --sidecar " + dir + "/sp.thermo.gguf");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json j =
+      JsonOf(Run("bench -m " + dir + "/sp.gguf --sidecar " + dir +
+                 "/sp.thermo.gguf --prompt-tokens 4 --gen-tokens 8 --repetitions 2 --threads 2 "
+                 "--json"));
+  const double dense = j["dense_decode_tokens_per_s"], sparse = j["sparse_decode_tokens_per_s"];
+  REQUIRE(dense > 0);
+  REQUIRE(sparse > 0);
+  CHECK(j["ratio"].get<double>() == Approx(sparse / dense));
+  const double ideal = j["ideal_ratio"];
+  CHECK(ideal > 1.2);  // ~90% sparse: far fewer FFN bytes (the head and attention are read alike)
+  CHECK(j["of_ideal"].get<double>() == Approx(sparse / dense / ideal));
+  CHECK(j["predicted_active"].get<double>() >= j["fired"].get<double>());
+  CHECK(j["fired"].get<double>() > 0);
+  CHECK(j["sparse_token_ms"].get<double>() == Approx(1e3 / sparse));
+  // The read floor: the token with its FFN's time replaced by only reading its rows.
+  const double floor_ms = j["ffn_read_floor_ms_per_token"];
+  CHECK(floor_ms > 0);
+  const double floor_token =
+      j["sparse_token_ms"].get<double>() - j["sparse_ffn_ms_per_token"].get<double>() + floor_ms;
+  CHECK(j["floor_token_ms"].get<double>() == Approx(floor_token));
+  CHECK(j["floor_ratio"].get<double>() == Approx(1e3 / dense / floor_token));
+  CHECK(j["floor_of_ideal"].get<double>() == Approx(j["floor_ratio"].get<double>() / ideal));
+  // Without --json the same figures as lines.
+  r = Run("bench -m " + dir + "/sp.gguf --sidecar " + dir +
+          "/sp.thermo.gguf --prompt-tokens 4 --gen-tokens 4 --repetitions 1 --threads 2");
+  INFO(r.out);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("% of ideal"));
+  CHECK_THAT(r.out, Catch::Contains("read floor: the FFN's rows alone"));
+}
+
 TEST_CASE("bench --hardware measures the CPU and writes a profile solve reads", "[cli]") {
   const std::string out = (testing::TempDir() / "hw.toml").string();
   const Result r =

@@ -1,6 +1,7 @@
 // SparseFfn on relu-tiny without predictors (every neuron a candidate, exact ReLU zeros
 // dropped): equals the dense FFN, in oracle mode too; and the hybrid split — any placement,
-// two executors running concurrently — equals the single executor.
+// two executors running concurrently — equals the single executor. With predictors: the fused
+// path equals the reference, and an ActiveSetObserver sees the rows it read (the read floor).
 #include "engine/sparse/sparse_ffn.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "engine/model/cpu_ops.h"
 #include "engine/model/session.h"
+#include "engine/runtime/sparse_read_floor.h"
 #include "model_fixtures.h"
 
 namespace thermocline {
@@ -90,6 +92,32 @@ TEST_CASE("sparse FFN equals dense; two executors equal one for any placement", 
 // A random rank-8 predictor, firing counts and thresholds: the fused path (one slice of slots
 // per thread, rows in firing order) against a reference computed from the model's own rows in
 // model order, for 1 to 3 threads; and the layout: slots sorted by count, a permutation.
+// Random predictors of `rank` (the same plan for the same seed) and power-law-like firing
+// counts with ties, so that the stable firing order matters too.
+std::vector<SparseLayerPlan> PlanWithPredictor(const LlamaModel& model, int64_t rank,
+                                               uint32_t seed) {
+  const LlamaHparams& h = model.hparams();
+  std::mt19937 r(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<SparseLayerPlan> plan(h.n_layer);
+  for (SparseLayerPlan& p : plan) {
+    std::vector<float> fc1(rank * h.n_embd), fc2(h.n_ff * rank);
+    for (float& f : fc1) f = d(r) / std::sqrt(static_cast<float>(h.n_embd));
+    for (float& f : fc2) f = d(r);
+    p.rank = rank;
+    p.fc1 = MakeWeight(GgmlType::kF32, fc1.data(), rank, h.n_embd);
+    p.fc2 = MakeWeight(GgmlType::kF32, fc2.data(), h.n_ff, rank);
+    p.b1.resize(rank);
+    p.b2.resize(h.n_ff);
+    for (float& f : p.b1) f = 0.1f * d(r);
+    for (float& f : p.b2) f = d(r);
+    p.threshold = 0.5f;
+    p.fire_count.resize(h.n_ff);
+    for (int32_t& c : p.fire_count) c = static_cast<int32_t>(std::exp(2.0f * d(r))) / 4;
+  }
+  return plan;
+}
+
 TEST_CASE("fused sparse path with a predictor and rows in firing order equals the reference",
           "[sparse]") {
   const std::string path = TestModelPath("relu-tiny.f32.gguf");
@@ -99,28 +127,7 @@ TEST_CASE("fused sparse path with a predictor and rows in firing order equals th
   const int64_t rank = 8;
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  auto make_plan = [&](uint32_t seed) {
-    std::mt19937 r(seed);
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    std::vector<SparseLayerPlan> plan(h.n_layer);
-    for (SparseLayerPlan& p : plan) {
-      std::vector<float> fc1(rank * h.n_embd), fc2(h.n_ff * rank);
-      for (float& f : fc1) f = d(r) / std::sqrt(static_cast<float>(h.n_embd));
-      for (float& f : fc2) f = d(r);
-      p.rank = rank;
-      p.fc1 = MakeWeight(GgmlType::kF32, fc1.data(), rank, h.n_embd);
-      p.fc2 = MakeWeight(GgmlType::kF32, fc2.data(), h.n_ff, rank);
-      p.b1.resize(rank);
-      p.b2.resize(h.n_ff);
-      for (float& f : p.b1) f = 0.1f * d(r);
-      for (float& f : p.b2) f = d(r);
-      p.threshold = 0.5f;
-      p.fire_count.resize(h.n_ff);
-      // Power-law-like counts with ties, so that the stable order matters too.
-      for (int32_t& c : p.fire_count) c = static_cast<int32_t>(std::exp(2.0f * d(r))) / 4;
-    }
-    return plan;
-  };
+  auto make_plan = [&](uint32_t seed) { return PlanWithPredictor(model, rank, seed); };
   std::vector<float> x(h.n_embd), xn(h.n_embd), got(h.n_embd), want(h.n_embd);
   std::vector<float> gate(h.n_ff), up(h.n_ff), act(h.n_ff), hidden(rank), logit(h.n_ff);
   for (int threads : {1, 2, 3}) {
@@ -166,6 +173,76 @@ TEST_CASE("fused sparse path with a predictor and rows in firing order equals th
     CHECK(st.predicted > st.fired);
     CHECK(st.predictor_s > 0);
   }
+}
+
+TEST_CASE("the active-set recorder sees the rows the fused path read, and they replay",
+          "[sparse]") {
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  const LlamaHparams& h = model.hparams();
+  const int64_t rank = 8;
+  ThreadPool pool(2);
+  auto ffn = SparseFfn::Create(model, PlanWithPredictor(model, rank, 7), &pool, SparseFfnOptions{});
+  REQUIRE(ffn.ok());
+  const std::vector<SparseLayerPlan> plan = PlanWithPredictor(model, rank, 7);
+  ActiveSetRecorder recorder;
+  CHECK(ReplaySparseReads(*(*ffn)->weights(), pool, recorder, 1, 1 << 16) == 0);  // nothing yet
+  (*ffn)->set_active_set_observer(&recorder);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(h.n_embd), out(h.n_embd), hidden(rank), logit(h.n_ff);
+  std::vector<std::vector<int32_t>> want_predicted;  // per (token, layer): slots, ascending
+  const int tokens = 3;
+  for (int t = 0; t < tokens; ++t) {
+    for (int layer = 0; layer < h.n_layer; ++layer) {
+      for (float& f : x) f = dist(rng);
+      (*ffn)->Forward(layer, x.data(), x.data(), 1, out.data());
+      // The predictor's choice in slot order; logits within 1e-4 of the threshold are left out
+      // (-1), where the kernels' and the reference's roundings may disagree.
+      const SparseLayerPlan& p = plan[layer];
+      MatMulReference(p.fc1.view, x.data(), 1, hidden.data());
+      for (int64_t j = 0; j < rank; ++j) hidden[j] = std::max(0.0f, hidden[j] + p.b1[j]);
+      MatMulReference(p.fc2.view, hidden.data(), 1, logit.data());
+      const std::vector<int32_t>& neuron_of = (*ffn)->weights()->layer(layer).neuron_of;
+      std::vector<int32_t> want(h.n_ff);
+      for (int64_t s = 0; s < h.n_ff; ++s) {
+        const float margin = logit[neuron_of[s]] + p.b2[neuron_of[s]] - p.threshold;
+        want[s] = std::fabs(margin) < 1e-4f ? -1 : margin > 0;
+      }
+      want_predicted.push_back(want);
+    }
+  }
+  (*ffn)->set_active_set_observer(nullptr);
+  const SparseFfnStats st = (*ffn)->stats();
+  (*ffn)->Forward(0, x.data(), x.data(), 1, out.data());  // unobserved: not recorded
+
+  REQUIRE(recorder.tokens() == tokens);
+  REQUIRE(recorder.layers().size() == static_cast<size_t>(tokens * h.n_layer));
+  double predicted = 0, fired = 0;
+  for (size_t i = 0; i < recorder.layers().size(); ++i) {
+    const ActiveSetRecorder::Layer& rec = recorder.layers()[i];
+    INFO("token " << i / h.n_layer << " layer " << rec.layer);
+    CHECK(rec.layer == static_cast<int>(i % h.n_layer));
+    std::vector<int> seen(h.n_ff, 0);
+    for (const ActiveSetRecorder::Chunk& c : rec.chunks) {
+      predicted += static_cast<double>(c.predicted.size());
+      fired += static_cast<double>(c.fired.size());
+      CHECK(std::is_sorted(c.predicted.begin(), c.predicted.end()));
+      // ReLU: up rows for the gates that fired, down rows for the nonzero activations.
+      CHECK(std::includes(c.predicted.begin(), c.predicted.end(), c.up.begin(), c.up.end()));
+      CHECK(std::includes(c.up.begin(), c.up.end(), c.fired.begin(), c.fired.end()));
+      for (int32_t s : c.predicted) ++seen[s];
+    }
+    for (int64_t s = 0; s < h.n_ff; ++s) {
+      CHECK(seen[s] <= 1);  // each slot in at most one chunk
+      if (want_predicted[i][s] >= 0) CHECK(seen[s] == want_predicted[i][s]);
+    }
+  }
+  CHECK(predicted == st.predicted);
+  CHECK(fired == st.fired);
+  CHECK(fired > 0);
+  CHECK(ReplaySparseReads(*(*ffn)->weights(), pool, recorder, 2, 1 << 16) > 0);
 }
 
 }  // namespace

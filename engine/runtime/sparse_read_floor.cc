@@ -1,0 +1,104 @@
+#include "engine/runtime/sparse_read_floor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <initializer_list>
+
+#include "engine/runtime/touch_lines.h"
+
+namespace thermocline {
+
+void ActiveSetRecorder::OnLayer(int layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  layers_.push_back({layer, {}});
+}
+
+void ActiveSetRecorder::OnChunk(int layer, absl::Span<const int32_t> predicted,
+                                absl::Span<const int32_t> up, absl::Span<const int32_t> fired) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (layers_.empty() || layers_.back().layer != layer) layers_.push_back({layer, {}});
+  layers_.back().chunks.push_back(
+      {{predicted.begin(), predicted.end()}, {up.begin(), up.end()}, {fired.begin(), fired.end()}});
+}
+
+int64_t ActiveSetRecorder::tokens() const {
+  return std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) { return l.layer == 0; });
+}
+
+namespace {
+
+// As the sparse kernels fetch rows (sparse_ops.cc): the first kAheadBytes of a row, kAheadRows
+// rows before it is read.
+constexpr int64_t kAheadRows = 16;
+constexpr size_t kAheadBytes = 2048;
+
+// The rows slots[0, n) of every matrix in ws (RowBytes of each row's data).
+uint64_t TouchRows(std::initializer_list<const WeightView*> ws, const std::vector<int32_t>& slots) {
+  const int64_t n = static_cast<int64_t>(slots.size());
+  auto prefetch = [&](int64_t j) {
+    for (const WeightView* w : ws) {
+      const size_t ahead = std::min(RowBytes(w->type, w->cols), kAheadBytes);
+      for (size_t o = 0; o < ahead; o += 64) __builtin_prefetch(w->row(slots[j]) + o);
+    }
+  };
+  for (int64_t j = 0; j < std::min(n, kAheadRows); ++j) prefetch(j);
+  uint64_t sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kAheadRows < n) prefetch(j + kAheadRows);
+    for (const WeightView* w : ws) sum += TouchLines(w->row(slots[j]), RowBytes(w->type, w->cols));
+  }
+  return sum;
+}
+
+// Rows [rows · part / parts, rows · (part + 1) / parts) of w.
+uint64_t TouchShare(const WeightView& w, int part, int parts) {
+  const int64_t begin = w.rows * part / parts, end = w.rows * (part + 1) / parts;
+  return end > begin ? TouchLines(w.row(begin), static_cast<size_t>(end - begin) * w.row_bytes) : 0;
+}
+
+}  // namespace
+
+double ReplaySparseReads(const SparseWeights& weights, ThreadPool& pool,
+                         const ActiveSetRecorder& recorder, int repetitions, size_t flush_bytes) {
+  const std::vector<ActiveSetRecorder::Layer>& layers = recorder.layers();
+  const int64_t tokens = recorder.tokens();
+  if (tokens == 0 || layers.empty()) return 0;
+  const int parts = pool.size();
+  std::vector<uint8_t> flush(std::max<size_t>(flush_bytes, 64), 1);
+  std::vector<uint64_t> sinks(static_cast<size_t>(parts) * 8, 0);  // a line apart per thread
+  std::vector<double> per_token;
+  for (int rep = 0; rep < std::max(1, repetitions); ++rep) {
+    double seconds = 0;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (layers[i].layer == 0) {
+        pool.Run([&](int part) {
+          const size_t begin = flush.size() * part / parts, end = flush.size() * (part + 1) / parts;
+          if (end > begin) sinks[part * 8] += TouchLines(flush.data() + begin, end - begin);
+        });
+      }
+      const ActiveSetRecorder::Layer& rec = layers[i];
+      const SparseWeights::Layer& y = weights.layer(rec.layer);
+      const SparseLayerPlan& p = weights.plan()[rec.layer];
+      const auto t0 = std::chrono::steady_clock::now();
+      pool.Run([&](int part) {
+        uint64_t sum = 0;
+        if (p.rank > 0)
+          sum += TouchShare(p.fc1.view, part, parts) + TouchShare(y.fc2_t.view, part, parts);
+        for (size_t c = part; c < rec.chunks.size(); c += parts) {
+          const ActiveSetRecorder::Chunk& chunk = rec.chunks[c];
+          sum += TouchRows({&y.gate}, chunk.predicted) + TouchRows({&y.up}, chunk.up) +
+                 TouchRows({&y.down_t.view}, chunk.fired);
+        }
+        sinks[part * 8] += sum;
+      });
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    per_token.push_back(seconds / static_cast<double>(tokens));
+  }
+  volatile uint64_t keep = 0;  // the reads' sums are used, so the reads are not dropped
+  for (uint64_t v : sinks) keep = keep + v;
+  std::sort(per_token.begin(), per_token.end());
+  return per_token[per_token.size() / 2];
+}
+
+}  // namespace thermocline
