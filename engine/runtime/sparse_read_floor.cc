@@ -64,7 +64,7 @@ double ReplaySparseReads(const SparseWeights& weights, ThreadPool& pool,
   const int64_t tokens = recorder.tokens();
   if (tokens == 0 || layers.empty()) return 0;
   const int parts = pool.size();
-  std::vector<uint8_t> flush(std::max<size_t>(flush_bytes, 64), 1);
+  std::vector<uint8_t> flush(std::max<size_t>(flush_bytes, size_t{1} << 20), 1);  // >= 8 B a thread
   std::vector<uint64_t> sinks(static_cast<size_t>(parts) * 8, 0);  // a line apart per thread
   std::vector<double> per_token;
   for (int rep = 0; rep < std::max(1, repetitions); ++rep) {
