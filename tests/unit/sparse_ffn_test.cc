@@ -45,10 +45,23 @@ double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return diff / std::max(scale, 1e-6);
 }
 
-TEST_CASE("sparse FFN equals dense; two executors equal one for any placement", "[sparse]") {
+// relu-tiny (cached), or nullptr when the test models are not there.
+const LlamaModel* ReluTiny() {
   const std::string path = TestModelPath("relu-tiny.f32.gguf");
-  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
-  const LlamaModel& model = CachedModel(path);
+  return std::filesystem::exists(path) ? &CachedModel(path) : nullptr;
+}
+
+// The predictor's logits without b2, in model order: fc2 · relu(fc1 · xn + b1).
+void ReferenceLogits(const SparseLayerPlan& p, const float* xn, float* hidden, float* logit) {
+  MatMulReference(p.fc1.view, xn, 1, hidden);
+  for (int64_t j = 0; j < p.rank; ++j) hidden[j] = std::max(0.0f, hidden[j] + p.b1[j]);
+  MatMulReference(p.fc2.view, hidden, 1, logit);
+}
+
+TEST_CASE("sparse FFN equals dense; two executors equal one for any placement", "[sparse]") {
+  const LlamaModel* relu_tiny = ReluTiny();
+  if (relu_tiny == nullptr) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = *relu_tiny;
   const LlamaHparams& h = model.hparams();
   ThreadPool pool(2);
   auto session = Session::Create(model, &pool);
@@ -120,9 +133,9 @@ std::vector<SparseLayerPlan> PlanWithPredictor(const LlamaModel& model, int64_t 
 
 TEST_CASE("fused sparse path with a predictor and rows in firing order equals the reference",
           "[sparse]") {
-  const std::string path = TestModelPath("relu-tiny.f32.gguf");
-  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
-  const LlamaModel& model = CachedModel(path);
+  const LlamaModel* relu_tiny = ReluTiny();
+  if (relu_tiny == nullptr) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = *relu_tiny;
   const LlamaHparams& h = model.hparams();
   const int64_t rank = 8;
   std::mt19937 rng(11);
@@ -150,9 +163,7 @@ TEST_CASE("fused sparse path with a predictor and rows in firing order equals th
       for (int64_t i = 0; i < h.n_embd; ++i) xn[i] = x[i] * L.ffn_norm[i];
       (*ffn)->Forward(layer, x.data(), xn.data(), 1, got.data());
       // Reference: predictor in model order, dense gate/up, down over the predicted neurons.
-      MatMulReference(p.fc1.view, xn.data(), 1, hidden.data());
-      for (int64_t j = 0; j < rank; ++j) hidden[j] = std::max(0.0f, hidden[j] + p.b1[j]);
-      MatMulReference(p.fc2.view, hidden.data(), 1, logit.data());
+      ReferenceLogits(p, xn.data(), hidden.data(), logit.data());
       MatMulReference(L.ffn_gate, xn.data(), 1, gate.data());
       MatMulReference(L.ffn_up, xn.data(), 1, up.data());
       GatedActivation(h.activation, gate.data(), up.data(), h.n_ff);
@@ -177,9 +188,9 @@ TEST_CASE("fused sparse path with a predictor and rows in firing order equals th
 
 TEST_CASE("the active-set recorder sees the rows the fused path read, and they replay",
           "[sparse]") {
-  const std::string path = TestModelPath("relu-tiny.f32.gguf");
-  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
-  const LlamaModel& model = CachedModel(path);
+  const LlamaModel* relu_tiny = ReluTiny();
+  if (relu_tiny == nullptr) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = *relu_tiny;
   const LlamaHparams& h = model.hparams();
   const int64_t rank = 8;
   ThreadPool pool(2);
@@ -201,9 +212,7 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
       // The predictor's choice in slot order; logits within 1e-4 of the threshold are left out
       // (-1), where the kernels' and the reference's roundings may disagree.
       const SparseLayerPlan& p = plan[layer];
-      MatMulReference(p.fc1.view, x.data(), 1, hidden.data());
-      for (int64_t j = 0; j < rank; ++j) hidden[j] = std::max(0.0f, hidden[j] + p.b1[j]);
-      MatMulReference(p.fc2.view, hidden.data(), 1, logit.data());
+      ReferenceLogits(p, x.data(), hidden.data(), logit.data());
       const std::vector<int32_t>& neuron_of = (*ffn)->weights()->layer(layer).neuron_of;
       std::vector<int32_t> want(h.n_ff);
       for (int64_t s = 0; s < h.n_ff; ++s) {
