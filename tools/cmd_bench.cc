@@ -43,8 +43,9 @@ double Median(std::vector<double> v) {
 }
 
 // Dense and sparse decode in the same run, their ratio, the ideal ratio from the weight bytes
-// each reads per token (predictors included), and the read floor (engine/runtime/
-// sparse_read_floor.h): the ratio of a sparse token whose FFN cost only fetching its rows.
+// each reads per token (predictors included), and the read floor
+// (engine/runtime/sparse_read_floor.h): the ratio of a sparse token whose FFN cost only
+// fetching its rows.
 int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o, SparseFfn& sparse,
                 bool json) {
   auto session = Session::Create(model, &pool);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <initializer_list>
 
 #include "engine/runtime/touch_lines.h"
 
@@ -32,20 +31,18 @@ namespace {
 constexpr int64_t kAheadRows = 16;
 constexpr size_t kAheadBytes = 2048;
 
-// The rows slots[0, n) of every matrix in ws (RowBytes of each row's data).
-uint64_t TouchRows(std::initializer_list<const WeightView*> ws, const std::vector<int32_t>& slots) {
+// The rows `slots` of w, in order.
+uint64_t TouchRows(const WeightView& w, const std::vector<int32_t>& slots) {
   const int64_t n = static_cast<int64_t>(slots.size());
+  const size_t bytes = RowBytes(w.type, w.cols), ahead = std::min(bytes, kAheadBytes);
   auto prefetch = [&](int64_t j) {
-    for (const WeightView* w : ws) {
-      const size_t ahead = std::min(RowBytes(w->type, w->cols), kAheadBytes);
-      for (size_t o = 0; o < ahead; o += 64) __builtin_prefetch(w->row(slots[j]) + o);
-    }
+    for (size_t o = 0; o < ahead; o += 64) __builtin_prefetch(w.row(slots[j]) + o);
   };
   for (int64_t j = 0; j < std::min(n, kAheadRows); ++j) prefetch(j);
   uint64_t sum = 0;
   for (int64_t j = 0; j < n; ++j) {
     if (j + kAheadRows < n) prefetch(j + kAheadRows);
-    for (const WeightView* w : ws) sum += TouchLines(w->row(slots[j]), RowBytes(w->type, w->cols));
+    sum += TouchLines(w.row(slots[j]), bytes);
   }
   return sum;
 }
@@ -86,8 +83,8 @@ double ReplaySparseReads(const SparseWeights& weights, ThreadPool& pool,
           sum += TouchShare(p.fc1.view, part, parts) + TouchShare(y.fc2_t.view, part, parts);
         for (size_t c = part; c < rec.chunks.size(); c += parts) {
           const ActiveSetRecorder::Chunk& chunk = rec.chunks[c];
-          sum += TouchRows({&y.gate}, chunk.predicted) + TouchRows({&y.up}, chunk.up) +
-                 TouchRows({&y.down_t.view}, chunk.fired);
+          sum += TouchRows(y.gate, chunk.predicted) + TouchRows(y.up, chunk.up) +
+                 TouchRows(y.down_t.view, chunk.fired);
         }
         sinks[part * 8] += sum;
       });
