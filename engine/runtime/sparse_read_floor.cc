@@ -1,3 +1,5 @@
+// Recording a sparse decode's active sets (a mutex-guarded list per layer and token) and
+// replaying only their reads, per layer over the pool, between untimed streams of a flush buffer.
 #include "engine/runtime/sparse_read_floor.h"
 
 #include <algorithm>
