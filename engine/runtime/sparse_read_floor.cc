@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "engine/runtime/touch_lines.h"
+#include "engine/sparse/sparse_ops.h"
 
 namespace thermocline {
 
@@ -28,22 +29,14 @@ int64_t ActiveSetRecorder::tokens() const {
 
 namespace {
 
-// As the sparse kernels fetch rows (sparse_ops.cc): the first kAheadBytes of a row, kAheadRows
-// rows before it is read.
-constexpr int64_t kAheadRows = 16;
-constexpr size_t kAheadBytes = 2048;
-
-// The rows `slots` of w, in order.
+// The rows `slots` of w, in order, fetched as the sparse operators fetch theirs.
 uint64_t TouchRows(const WeightView& w, const std::vector<int32_t>& slots) {
   const int64_t n = static_cast<int64_t>(slots.size());
-  const size_t bytes = RowBytes(w.type, w.cols), ahead = std::min(bytes, kAheadBytes);
-  auto prefetch = [&](int64_t j) {
-    for (size_t o = 0; o < ahead; o += 64) __builtin_prefetch(w.row(slots[j]) + o);
-  };
-  for (int64_t j = 0; j < std::min(n, kAheadRows); ++j) prefetch(j);
+  const size_t bytes = RowBytes(w.type, w.cols);
+  for (int64_t j = 0; j < std::min(n, kPrefetchRows); ++j) PrefetchRow(w.row(slots[j]), bytes);
   uint64_t sum = 0;
   for (int64_t j = 0; j < n; ++j) {
-    if (j + kAheadRows < n) prefetch(j + kAheadRows);
+    if (j + kPrefetchRows < n) PrefetchRow(w.row(slots[j + kPrefetchRows]), bytes);
     sum += TouchLines(w.row(slots[j]), bytes);
   }
   return sum;

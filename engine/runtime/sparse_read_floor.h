@@ -43,10 +43,10 @@ class ActiveSetRecorder : public ActiveSetObserver {
 // Median seconds per token, over `repetitions` replays of what `recorder` saw, of reading on
 // `pool` per layer the predictor's fc1 and fc2ᵀ whole and the gate, up and down_t rows of each
 // chunk's predicted, up and fired slots, one word per cache line, the chunks shared out over
-// the threads and each thread's next rows prefetched as the kernels do (sparse_ops.cc). Before
-// each token flush_bytes (at least 1 MiB) are streamed, untimed, standing for the rest of a
-// token's reads (attention, output head), so that the FFN rows are not found in cache. 0 when
-// nothing was recorded.
+// the threads and each thread's next rows prefetched as the operators do (PrefetchRow in
+// sparse_ops.h). Before each token flush_bytes (at least 1 MiB) are streamed, untimed, standing
+// for the rest of a token's reads (attention, output head), so that the FFN rows are not found
+// in cache. 0 when nothing was recorded.
 double ReplaySparseReads(const SparseWeights& weights, ThreadPool& pool,
                          const ActiveSetRecorder& recorder, int repetitions, size_t flush_bytes);
 

@@ -30,13 +30,6 @@ using sparse_internal::kMaxAxpyRows;
 // A part of a parallel operator should stream at least this many weight bytes: below it the
 // hand-off to another thread costs more than the work it takes away.
 constexpr size_t kMinPartBytes = 32 << 10;
-// Active rows whose weights are prefetched ahead of the one being computed: far enough that a
-// row's DRAM latency hides behind the work on the rows before it. Measured end to end on the
-// 1.1B Q4_0 synthetic model, 2 threads, quiet machine: 4 rows 1.45x over dense, 8 rows 1.50x,
-// 16 rows 1.57-1.64x, 32 rows 1.58x (with kPrefetchBytes 2048: whole Q4_0/Q8_0 rows); 4 rows
-// of 1 KB again: 1.43-1.55x. The operator benchmark (bench --ops) cannot tell them apart.
-constexpr int64_t kPrefetchRows = 16;
-
 // Active rows per row-dot kernel call (RowDot::DotRows).
 constexpr int kRowsPerDot = 4;
 
@@ -84,15 +77,6 @@ void RunParts(ThreadPool& pool, int parts, int64_t n, const Fn& fn) {
   pool.Run([&](int part) {
     if (part < parts) fn(part, n * part / parts, n * (part + 1) / parts);
   });
-}
-
-// The first kPrefetchBytes of a row (all of a 2048-wide Q4_0 or Q8_0 row): the hardware
-// prefetchers stream the rest of a long row once its first lines have been read in order, and
-// a prefetch per line of an 8 KB F32 row would cost more instructions than it saves.
-constexpr size_t kPrefetchBytes = 2048;
-inline void PrefetchRow(const uint8_t* p, size_t bytes) {
-  const size_t end = std::min(bytes, kPrefetchBytes);
-  for (size_t o = 0; o < end; o += 64) __builtin_prefetch(p + o);
 }
 
 // acc[0, cols) += Σ_j act[j] · w_t.row(idx[j])[col0, col0 + cols), j < n: kMaxAxpyRows rows per
