@@ -33,8 +33,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model
 Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch)
     : model_(model), pool_(pool), n_ctx_(n_ctx), max_batch_(max_batch) {
   const LlamaHparams& h = model.hparams();
-  k_cache_ = std::make_unique_for_overwrite<float[]>(h.n_layer * n_ctx * h.kv_dim());
-  v_cache_ = std::make_unique_for_overwrite<float[]>(h.n_layer * n_ctx * h.kv_dim());
+  k_cache_.resize(h.n_layer * n_ctx * h.kv_dim());
+  v_cache_.resize(h.n_layer * n_ctx * h.kv_dim());
   inv_freq_.resize(h.rope_dim / 2);
   for (int64_t i = 0; i < h.rope_dim / 2; ++i) {
     inv_freq_[i] = static_cast<float>(std::pow(static_cast<double>(h.rope_freq_base),
@@ -180,8 +180,8 @@ constexpr int64_t kAttentionWorkPerPart = int64_t{1} << 13;
 void Session::Attention(int layer, int64_t n) {
   const LlamaHparams& h = model_.hparams();
   const int64_t kv_dim = h.kv_dim(), head_dim = h.head_dim;
-  float* k_cache = k_cache_.get() + layer * n_ctx_ * kv_dim;
-  float* v_cache = v_cache_.get() + layer * n_ctx_ * kv_dim;
+  float* k_cache = k_cache_.data() + layer * n_ctx_ * kv_dim;
+  float* v_cache = v_cache_.data() + layer * n_ctx_ * kv_dim;
   for (int64_t t = 0; t < n; ++t) {
     const float* cs = rope_.data() + t * h.rope_dim;
     ApplyRope(q_.data() + t * h.q_dim(), h.n_head, head_dim, h.rope_dim, cs);
