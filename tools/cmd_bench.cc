@@ -86,15 +86,9 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
   const absl::StatusOr<double> recorded = DecodeTokensPerS(**session, o);
   sparse.set_active_set_observer(nullptr);
   if (!recorded.ok()) return Fail("bench", recorded.status());
-  double ffn_bytes = 0;  // dense FFN weight bytes per token
-  for (const LayerWeights& L : model.layers()) {
-    for (const WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
-      ffn_bytes += static_cast<double>(w->row_bytes) * w->rows;
-    }
-  }
   const double floor_ms =
       1e3 * ReplaySparseReads(*sparse.weights(), pool, recorder, std::max(1, o.repetitions),
-                              static_cast<size_t>(dense_bytes - ffn_bytes));
+                              static_cast<size_t>(sparse.NonFfnBytesPerToken()));
   const bool have_floor = floor_ms > 0;
   const double floor_token_ms = 1e3 / *sparse_tps - ffn_ms + floor_ms;
   const double floor_ratio = (1e3 / *dense_tps) / floor_token_ms;

@@ -515,10 +515,20 @@ void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
   SparseAxpy(pool, isa_, y.down_t.view, e.idx.data(), e.gate.data(), n, e.out.data(), e.scratch);
 }
 
-double SparseFfn::DenseBytesPerToken() const {
+double SparseFfn::NonFfnBytesPerToken() const {
   double bytes = static_cast<double>(model_.output().row_bytes) * model_.output().rows;
   for (const LayerWeights& L : model_.layers()) {
-    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) {
+      bytes += static_cast<double>(w->row_bytes) * w->rows;
+    }
+  }
+  return bytes;
+}
+
+double SparseFfn::DenseBytesPerToken() const {
+  double bytes = NonFfnBytesPerToken();
+  for (const LayerWeights& L : model_.layers()) {
+    for (const WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
       bytes += static_cast<double>(w->row_bytes) * w->rows;
     }
   }
@@ -538,14 +548,11 @@ double SparseFfn::PredictorBytesPerToken() const {
 }
 
 double SparseFfn::SparseBytesPerToken() const {
-  double bytes = static_cast<double>(model_.output().row_bytes) * model_.output().rows;
+  double bytes = NonFfnBytesPerToken();
   const double predicted_per_layer = stats_.predicted / std::max<int64_t>(1, stats_.layer_tokens);
   const double fired_per_layer = stats_.fired / std::max<int64_t>(1, stats_.layer_tokens);
   for (size_t l = 0; l < plan().size(); ++l) {
     const LayerWeights& L = model_.layers()[l];
-    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) {
-      bytes += static_cast<double>(w->row_bytes) * w->rows;
-    }
     // Up rows are read for the predicted neurons, or (ReLU family) those whose gate fired.
     const double up_rows =
         GateDecides(model_.hparams().activation) ? fired_per_layer : predicted_per_layer;

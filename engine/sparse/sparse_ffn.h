@@ -148,6 +148,8 @@ class SparseFfn : public FfnBackend {
   double DenseBytesPerToken() const;
   double SparseBytesPerToken() const;
   double PredictorBytesPerToken() const;
+  // The part of both that every token reads whole: attention and the output head.
+  double NonFfnBytesPerToken() const;
 
  private:
   struct Executor;

@@ -1,7 +1,8 @@
 // SparseFfn on relu-tiny without predictors (every neuron a candidate, exact ReLU zeros
 // dropped): equals the dense FFN, in oracle mode too; and the hybrid split — any placement,
 // two executors running concurrently — equals the single executor. With predictors: the fused
-// path equals the reference, and an ActiveSetObserver sees the rows it read (the read floor).
+// path equals the reference, and an ActiveSetObserver sees the rows it read (the read floor),
+// which are the rows the ideal ratio's byte counts assume.
 #include "engine/sparse/sparse_ffn.h"
 
 #include <algorithm>
@@ -224,13 +225,20 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
   }
   (*ffn)->set_active_set_observer(nullptr);
   const SparseFfnStats st = (*ffn)->stats();
+  const double dense_bytes = (*ffn)->DenseBytesPerToken(),
+               sparse_bytes = (*ffn)->SparseBytesPerToken(),
+               non_ffn_bytes = (*ffn)->NonFfnBytesPerToken(),
+               predictor_bytes = (*ffn)->PredictorBytesPerToken();
   (*ffn)->Forward(0, x.data(), x.data(), 1, out.data());  // unobserved: not recorded
 
   REQUIRE(recorder.tokens() == tokens);
   REQUIRE(recorder.layers().size() == static_cast<size_t>(tokens * h.n_layer));
   double predicted = 0, fired = 0;
+  double ffn_row_bytes = 0;  // of the rows the recorder saw read
   for (size_t i = 0; i < recorder.layers().size(); ++i) {
     const ActiveSetRecorder::Layer& rec = recorder.layers()[i];
+    const LayerWeights& L = model.layers()[rec.layer];
+    const WeightView& down_t = (*ffn)->weights()->layer(rec.layer).down_t.view;
     INFO("token " << i / h.n_layer << " layer " << rec.layer);
     CHECK(rec.layer == static_cast<int>(i % h.n_layer));
     std::vector<int> seen(h.n_ff, 0);
@@ -242,6 +250,9 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
       CHECK(std::includes(c.predicted.begin(), c.predicted.end(), c.up.begin(), c.up.end()));
       CHECK(std::includes(c.up.begin(), c.up.end(), c.fired.begin(), c.fired.end()));
       for (int32_t s : c.predicted) ++seen[s];
+      ffn_row_bytes +=
+          static_cast<double>(L.ffn_gate.row_bytes * c.predicted.size() +
+                              L.ffn_up.row_bytes * c.up.size() + down_t.row_bytes * c.fired.size());
     }
     for (int64_t s = 0; s < h.n_ff; ++s) {
       CHECK(seen[s] <= 1);  // each slot in at most one chunk
@@ -251,6 +262,25 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
   CHECK(predicted == st.predicted);
   CHECK(fired == st.fired);
   CHECK(fired > 0);
+  // The bytes behind the ideal ratio: every matrix once for a dense token; for a sparse one
+  // attention and the output head whole, the predictors, and the FFN rows the recorder saw
+  // (the estimate takes up rows as many as fired: they differ only by exact-zero products).
+  double all = static_cast<double>(model.output().row_bytes * model.output().rows), ffn_all = 0;
+  for (const LayerWeights& L : model.layers()) {
+    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) all += w->row_bytes * w->rows;
+    for (const WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down})
+      ffn_all += w->row_bytes * w->rows;
+  }
+  CHECK(dense_bytes == Approx(all + ffn_all));
+  CHECK(non_ffn_bytes == Approx(all));
+  double predictors = 0;
+  for (const SparseLayerPlan& p : plan) {
+    predictors += static_cast<double>(p.fc1.view.row_bytes * rank + p.fc2.view.row_bytes * h.n_ff +
+                                      4 * (rank + h.n_ff));
+  }
+  CHECK(predictor_bytes == Approx(predictors));
+  CHECK(sparse_bytes == Approx(all + predictors + ffn_row_bytes / tokens).epsilon(1e-3));
+  CHECK(sparse_bytes < dense_bytes);
   CHECK(ReplaySparseReads(*(*ffn)->weights(), pool, recorder, 2, 1 << 16) > 0);
 }
 
