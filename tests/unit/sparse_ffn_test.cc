@@ -265,21 +265,24 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
   // The bytes behind the ideal ratio: every matrix once for a dense token; for a sparse one
   // attention and the output head whole, the predictors, and the FFN rows the recorder saw
   // (the estimate takes up rows as many as fired: they differ only by exact-zero products).
-  double all = static_cast<double>(model.output().row_bytes * model.output().rows), ffn_all = 0;
+  double head_and_attention = static_cast<double>(model.output().row_bytes * model.output().rows),
+         ffn_all = 0;
   for (const LayerWeights& L : model.layers()) {
-    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) all += w->row_bytes * w->rows;
+    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo})
+      head_and_attention += w->row_bytes * w->rows;
     for (const WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down})
       ffn_all += w->row_bytes * w->rows;
   }
-  CHECK(dense_bytes == Approx(all + ffn_all));
-  CHECK(non_ffn_bytes == Approx(all));
+  CHECK(dense_bytes == Approx(head_and_attention + ffn_all));
+  CHECK(non_ffn_bytes == Approx(head_and_attention));
   double predictors = 0;
   for (const SparseLayerPlan& p : plan) {
     predictors += static_cast<double>(p.fc1.view.row_bytes * rank + p.fc2.view.row_bytes * h.n_ff +
                                       4 * (rank + h.n_ff));
   }
   CHECK(predictor_bytes == Approx(predictors));
-  CHECK(sparse_bytes == Approx(all + predictors + ffn_row_bytes / tokens).epsilon(1e-3));
+  CHECK(sparse_bytes ==
+        Approx(head_and_attention + predictors + ffn_row_bytes / tokens).epsilon(1e-3));
   CHECK(sparse_bytes < dense_bytes);
   CHECK(ReplaySparseReads(*(*ffn)->weights(), pool, recorder, 2, 1 << 16) > 0);
 }
