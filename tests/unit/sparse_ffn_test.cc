@@ -195,9 +195,9 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
   const LlamaHparams& h = model.hparams();
   const int64_t rank = 8;
   ThreadPool pool(2);
-  auto ffn = SparseFfn::Create(model, PlanWithPredictor(model, rank, 7), &pool, SparseFfnOptions{});
-  REQUIRE(ffn.ok());
   const std::vector<SparseLayerPlan> plan = PlanWithPredictor(model, rank, 7);
+  auto ffn = SparseFfn::Create(model, plan, &pool, SparseFfnOptions{});
+  REQUIRE(ffn.ok());
   ActiveSetRecorder recorder;
   CHECK(ReplaySparseReads(*(*ffn)->weights(), pool, recorder, 1, 1 << 16) == 0);  // nothing yet
   (*ffn)->set_active_set_observer(&recorder);
