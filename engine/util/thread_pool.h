@@ -57,6 +57,16 @@ class ThreadPool {
     });
   }
 
+  // Calls fn(begin, end) on the blocks of [0, n) (`block` items each, the last one shorter), each
+  // exactly once. Every thread owns one contiguous share of the blocks (1 / size() of them) and
+  // runs it front to back, so that what it reads is one stream for the hardware prefetchers; a
+  // thread done with its share takes blocks from the back of the others' until none is left, so
+  // a slower or descheduled thread holds up nobody. For streaming loops (decode mat-vecs):
+  // ranges claimed in turn from one shared counter interleave the threads' streams, and each
+  // new range is a stream the prefetchers must pick up again.
+  template <typename F>
+  void ParallelShares(int64_t n, int64_t block, F&& fn);
+
   // Number of threads worth using on this machine (hardware threads, at least 1).
   static int DefaultThreads();
 
@@ -83,5 +93,54 @@ class ThreadPool {
   std::condition_variable wake_;
   std::atomic<int> sleepers_{0};
 };
+
+template <typename F>
+void ThreadPool::ParallelShares(int64_t n, int64_t block, F&& fn) {
+  if (n <= 0) return;
+  block = std::max({block, int64_t{1}, (n >> 32) + 1});  // block numbers fit in 32 bits
+  const int64_t n_blocks = (n + block - 1) / block;
+  if (n_threads_ == 1 || n_blocks == 1) {
+    for (int64_t b = 0; b < n_blocks; ++b) fn(b * block, std::min(n, (b + 1) * block));
+    return;
+  }
+  // Share p: blocks [front, back) not yet taken, packed as (front << 32) | back. Its owner takes
+  // the front block, the others the back one; the compare-and-swap settles who gets the last.
+  struct alignas(64) Share {
+    std::atomic<uint64_t> range;
+  };
+  constexpr int kMaxShares = 64;  // parts beyond the 64th only take from the others' backs
+  Share shares[kMaxShares];
+  const int n_shares = std::min(n_threads_, kMaxShares);
+  for (int p = 0; p < n_shares; ++p) {
+    const auto front = static_cast<uint64_t>(n_blocks * p / n_shares);
+    const auto back = static_cast<uint64_t>(n_blocks * (p + 1) / n_shares);
+    shares[p].range.store(front << 32 | back, std::memory_order_relaxed);
+  }
+  // Takes one block of share p from its front (owner) or its back; false when it is empty.
+  const auto take = [&](int p, bool owner) {
+    uint64_t range = shares[p].range.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t front = range >> 32, back = range & 0xFFFFFFFFu;
+      if (front >= back) return false;
+      const uint64_t next = owner ? (front + 1) << 32 | back : front << 32 | (back - 1);
+      if (shares[p].range.compare_exchange_weak(range, next, std::memory_order_relaxed)) {
+        const int64_t b = static_cast<int64_t>(owner ? front : back - 1);
+        fn(b * block, std::min(n, (b + 1) * block));
+        return true;
+      }
+    }
+  };
+  Run([&](int part) {
+    if (part < n_shares) {
+      while (take(part, true)) {
+      }
+    }
+    for (int i = 1; i <= n_shares; ++i) {
+      const int p = (part + i) % n_shares;
+      while (p != part && take(p, false)) {
+      }
+    }
+  });
+}
 
 }  // namespace thermocline

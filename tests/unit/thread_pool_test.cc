@@ -1,7 +1,8 @@
-// Tests for engine/util/thread_pool: every index runs exactly once, ParallelFor covers [0, n)
-// exactly once, back-to-back runs (with and without idle gaps) never lose a wake-up, and the
-// destructor joins. A lost wake-up would hang, so the long tests run under a watchdog that aborts
-// with a message instead.
+// Tests for engine/util/thread_pool: every index runs exactly once, ParallelFor and
+// ParallelShares cover [0, n) exactly once (ParallelShares running each share in order before
+// taking others' blocks), back-to-back runs (with and without idle gaps) never lose a wake-up,
+// and the destructor joins. A lost wake-up would hang, so the long tests run under a watchdog that
+// aborts with a message instead.
 #include "engine/util/thread_pool.h"
 
 #include <atomic>
@@ -118,6 +119,66 @@ TEST_CASE("ThreadPool::ParallelFor covers [0, n) exactly once", "[thread_pool]")
         CHECK(not_once == 0);
         for (const auto& c : chunks_per_thread) CHECK(c.load() <= 1);  // one contiguous chunk
       }
+    }
+  }
+}
+
+TEST_CASE("ThreadPool::ParallelShares runs every block of [0, n) exactly once", "[thread_pool]") {
+  for (int threads : {1, 2, 3, 4, 7}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 3, 5, 63, 64, 65, 100, 1000, 4097}) {
+      for (int64_t block : {1, 2, 3, 16, 64, 1000, 5000}) {
+        INFO(threads << " threads, n " << n << ", block " << block);
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<int> bad_calls{0};
+        pool.ParallelShares(n, block, [&](int64_t begin, int64_t end) {
+          // One block: starts on a multiple of `block`, `block` long or up to n.
+          if (begin < 0 || begin >= n || begin % block != 0 || end != std::min(n, begin + block)) {
+            bad_calls.fetch_add(1);
+            return;
+          }
+          for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1);
+        });
+        CHECK(bad_calls.load() == 0);
+        int64_t not_once = 0;
+        for (const auto& h : hits) not_once += h.load() != 1;
+        CHECK(not_once == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("ThreadPool::ParallelShares: each thread streams its share, then takes the others' ends",
+          "[thread_pool]") {
+  // 2 threads, 64 blocks: shares [0, 32) and [32, 64). Each thread runs a share front to back
+  // (consecutive ascending blocks from the share's start), then only blocks taken from the back
+  // of the other share (descending). The worker thread is slowed down (1 ms a block), so the
+  // caller, done with its share in microseconds, must take some of the worker's.
+  ThreadPool pool(2);
+  constexpr int64_t kBlocks = 64;
+  const std::thread::id caller = std::this_thread::get_id();
+  std::mutex mutex;
+  std::vector<int64_t> by_caller, by_worker;
+  Watchdog watchdog("ParallelShares with a slow worker", std::chrono::seconds(60));
+  pool.ParallelShares(kBlocks, 1, [&](int64_t begin, int64_t) {
+    const bool on_caller = std::this_thread::get_id() == caller;
+    if (!on_caller) std::this_thread::sleep_for(milliseconds(1));
+    std::lock_guard<std::mutex> lock(mutex);
+    (on_caller ? by_caller : by_worker).push_back(begin);
+  });
+  CHECK(by_caller.size() + by_worker.size() == kBlocks);
+  CHECK(by_caller.size() > static_cast<size_t>(kBlocks / 2));  // it took from the worker's share
+  for (const std::vector<int64_t>* seq : {&by_caller, &by_worker}) {
+    if (seq->empty()) continue;
+    INFO("blocks run by the " << (seq == &by_caller ? "caller" : "worker"));
+    const int64_t start = (*seq)[0];
+    CHECK((start == 0 || start == kBlocks / 2));  // its own share's front
+    size_t i = 1;
+    while (i < seq->size() && (*seq)[i] == (*seq)[i - 1] + 1) ++i;  // its share, in order
+    CHECK((*seq)[i - 1] < start + kBlocks / 2);
+    for (size_t j = i; j < seq->size(); ++j) {  // then the other share's back, descending
+      CHECK(((*seq)[j] < start || (*seq)[j] >= start + kBlocks / 2));
+      if (j > i) CHECK((*seq)[j] < (*seq)[j - 1]);
     }
   }
 }
