@@ -75,7 +75,7 @@ void RunTiles(ThreadPool& pool, int64_t rows, int64_t n_tokens, float* y, const 
   const int64_t n_groups = (n_tokens + kMaxGroup - 1) / kMaxGroup;
   // Each thread streams one contiguous share of the rows and then helps with the others' ends
   // (ThreadPool::ParallelShares): decode is all streaming, and ranges handed out in turn from
-  // one counter were 10-16% slower (2-core EPYC VM, 2048-32000-row Q4_0 mat-vecs, cold). A
+  // one counter were up to 13% slower (2-core EPYC VM, cold Q4_0 mat-vecs, docs/sparse.md). A
   // matrix of few rows (a predictor's fc1, 33) is split evenly over the threads instead of into
   // kRowBlock rows and a remainder.
   const int64_t block = std::min(kRowBlock, (rows + pool.size() - 1) / pool.size());
