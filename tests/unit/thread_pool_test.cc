@@ -124,7 +124,8 @@ TEST_CASE("ThreadPool::ParallelFor covers [0, n) exactly once", "[thread_pool]")
 }
 
 TEST_CASE("ThreadPool::ParallelShares runs every block of [0, n) exactly once", "[thread_pool]") {
-  for (int threads : {1, 2, 3, 4, 7}) {
+  // 70 threads: more than the 64 shares, so six parts only take blocks from others' shares.
+  for (int threads : {1, 2, 3, 4, 7, 70}) {
     ThreadPool pool(threads);
     for (int64_t n : {0, 1, 2, 3, 5, 63, 64, 65, 100, 1000, 4097}) {
       for (int64_t block : {1, 2, 3, 16, 64, 1000, 5000}) {
