@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops/kernels.h"
-#include "engine/runtime/bench.h"
-#include "engine/runtime/sparse_read_floor.h"
+#include "bench/model_bench.h"
+#include "bench/sparse_read_floor.h"
 #include "nlohmann/json.hpp"
 #include "offline/solver/hardware.h"
 #include "tools/commands.h"
@@ -44,7 +44,7 @@ double Median(std::vector<double> v) {
 
 // Dense and sparse decode in the same run, their ratio, the ideal ratio from the weight bytes
 // each reads per token (predictors included), and the read floor
-// (engine/runtime/sparse_read_floor.h): the ratio of a sparse token whose FFN cost only
+// (bench/sparse_read_floor.h): the ratio of a sparse token whose FFN cost only
 // fetching its rows.
 int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o, SparseFfn& sparse,
                 bool json) {

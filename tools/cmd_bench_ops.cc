@@ -1,4 +1,4 @@
-// thermocline bench --ops: the sparse operator benchmark (engine/runtime/sparse_op_bench.h) as a
+// thermocline bench --ops: the sparse operator benchmark (bench/sparse_op_bench.h) as a
 // table or JSON, with the bar per type: at 10% active, sparse gate+up+down <= 20% of
 // dense.
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "engine/runtime/sparse_op_bench.h"
+#include "bench/sparse_op_bench.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
 

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "engine/model/synth.h"
+#include "bench/synth.h"
 #include "offline/predictor/trainer.h"
 #include "offline/profile/activation_profiler.h"
 #include "offline/sidecar/sidecar.h"

@@ -4,7 +4,6 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_common.h"
 #include "engine/gpu/gpu_backend.h"
-#include "engine/gpu/gpu_ops.h"
 
 namespace thermocline {
 namespace cuda {

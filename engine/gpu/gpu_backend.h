@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/ops/ggml_types.h"
 
 namespace thermocline::gpu {
 
@@ -31,5 +32,8 @@ absl::StatusOr<DeviceInfo> Probe(int index = 0);
 
 // Whether a [cuda] test or benchmark can run here: Probe(0).ok().
 bool DeviceAvailable();
+
+// The weight types the CUDA kernels compute (false for every type without the CUDA backend).
+bool TypeSupported(GgmlType type);
 
 }  // namespace thermocline::gpu

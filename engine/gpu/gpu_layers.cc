@@ -17,7 +17,7 @@ uint64_t MatrixBytes(const WeightView& w) {
   return Granules(static_cast<uint64_t>(w.rows) * RowBytes(w.type, w.cols));
 }
 
-// The types engine/cuda has kernels for (gpu_ops.h TypeSupported, which needs the backend).
+// The types engine/cuda has kernels for (gpu_backend.h TypeSupported, which needs the backend).
 bool HasKernels(const WeightView& w) {
   switch (w.type) {
     case GgmlType::kF32:

@@ -3,7 +3,6 @@
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/gpu/gpu_layers.h"
-#include "engine/gpu/gpu_ops.h"
 
 namespace thermocline::gpu {
 
@@ -19,10 +18,6 @@ bool CudaCompiledIn() { return false; }
 absl::StatusOr<DeviceInfo> Probe(int index) { return NoCuda(); }
 bool DeviceAvailable() { return false; }
 bool TypeSupported(GgmlType type) { return false; }
-
-absl::StatusOr<std::unique_ptr<GpuOps>> GpuOps::Create(uint64_t memory_cap, int device) {
-  return NoCuda();
-}
 
 absl::StatusOr<std::unique_ptr<GpuFfnExecutor>> CreateGpuFfnExecutor(const GpuFfnSpec& spec) {
   return NoCuda();

@@ -4,7 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/ops/kernels.h"
-#include "engine/sparse/sparse_ops.h"
+#include "engine/ops/weight_layout.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline {

@@ -100,7 +100,7 @@ struct SparseFfnStats {
 };
 
 // Sees the rows the fused decode path (no device part, no oracle) reads, for benchmarks
-// (engine/runtime/sparse_read_floor.h replays them). OnLayer comes once per layer and token,
+// (bench/sparse_read_floor.h replays them). OnLayer comes once per layer and token,
 // before its chunks; OnChunk then from the pool's threads, concurrently, once per chunk of slots:
 // the slots whose gate rows were read (predicted), whose up rows were (up: those whose gate
 // fired, for the ReLU family; else the predicted), and whose down_t rows were (fired).

@@ -33,10 +33,6 @@ constexpr size_t kMinPartBytes = 32 << 10;
 // Active rows per row-dot kernel call (RowDot::DotRows).
 constexpr int kRowsPerDot = 4;
 
-// Columns TransposeWeight gathers at once (rounded up to whole blocks of the type): a band of
-// a 4096-row matrix is 512 KB of floats, within L2.
-constexpr int64_t kTransposeBand = 32;
-
 constexpr GgmlType kKernelTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
                                      GgmlType::kQ8_0, GgmlType::kQ4_0};
 
@@ -285,64 +281,6 @@ void SparseAxpyReference(const WeightView& w_t, const int32_t* idx, const float*
   for (int64_t i = 0; i < w_t.cols; ++i) out[i] = static_cast<float>(acc[i]);
 }
 
-absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
-                                            const int32_t* order) {
-  const TypeKernels* src = KernelsFor(down.type);
-  if (src == nullptr) {
-    return absl::UnimplementedError(
-        absl::StrCat("no kernels for ", TypeName(down.type), ": cannot build down_t"));
-  }
-  const int64_t rows = down.rows, cols = down.cols;  // down: (n_embd, n_ff)
-  GgmlType type = down.type;
-  if (rows % TypeInfo(type).block_size != 0) type = GgmlType::kF32;
-  const TypeKernels* dst = KernelsFor(type);
-  std::vector<int32_t> row_of(cols);  // source column → its row of down_t
-  for (int64_t k = 0; k < cols; ++k) {
-    row_of[order != nullptr ? order[k] : k] = static_cast<int32_t>(k);
-  }
-  // Down's columns in bands of whole blocks, each band's blocks dequantized row by row into its
-  // columns' buffers, then each column quantized into its row of down_t: down is read once, in
-  // order, and nothing the size of down is ever dequantized (a whole F32 copy, read column by
-  // column, made a 1.1B model's load take 6 s).
-  const int64_t block = TypeInfo(down.type).block_size;
-  const int64_t band = (kTransposeBand + block - 1) / block * block;
-  const size_t block_bytes = static_cast<size_t>(TypeInfo(down.type).type_size);
-  OwnedWeight w = OwnedWeight::Allocate(type, cols, rows);
-  // A column's buffer is a line longer than its rows: at a stride of a multiple of 4 KB every
-  // column's next line falls into the same L1 set, and the gather took most of the load.
-  const int64_t stride = (rows + 15) / 16 * 16 + 16;
-  const size_t per_thread = static_cast<size_t>(band) * (stride + 1);
-  std::vector<float> buffers(static_cast<size_t>(pool.size()) * per_thread);
-  pool.ParallelFor((cols + band - 1) / band, 1, [&](int thread, int64_t begin, int64_t end) {
-    float* column = buffers.data() + thread * per_thread;  // (band, stride)
-    float* values = column + band * stride;                // (band) one row's band
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t c0 = b * band, width = std::min(band, cols - c0);
-      const size_t offset = static_cast<size_t>(c0 / block) * block_bytes;
-      for (int64_t r = 0; r < rows; ++r) {
-        src->to_float(down.row(r) + offset, values, width);
-        for (int64_t j = 0; j < width; ++j) column[j * stride + r] = values[j];
-      }
-      for (int64_t j = 0; j < width; ++j) {
-        dst->from_float(column + j * stride, w.data.data() + row_of[c0 + j] * w.view.row_bytes,
-                        rows);
-      }
-    }
-  });
-  return w;
-}
-
-OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* order, int64_t n) {
-  OwnedWeight g = OwnedWeight::Allocate(w.type, n, w.cols);
-  const size_t bytes = RowBytes(w.type, w.cols);
-  pool.ParallelFor(n, 64, [&](int, int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      std::memcpy(g.data.data() + k * g.view.row_bytes, w.row(order[k]), bytes);
-    }
-  });
-  return g;
-}
-
 absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,
                                                    const WeightView& up, const int32_t* order) {
   if (gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols) {
@@ -365,23 +303,6 @@ absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const Weigh
   g.gate = {gate.type, gate.rows, gate.cols, dst, 2 * rb};
   g.up = {gate.type, gate.rows, gate.cols, dst + rb, 2 * rb};
   return g;
-}
-
-OwnedWeight OwnedWeight::Allocate(GgmlType type, int64_t rows, int64_t cols) {
-  OwnedWeight w;
-  w.view.type = type;
-  w.view.rows = rows;
-  w.view.cols = cols;
-  w.view.row_bytes = RowBytes(type, cols);
-  w.data.resize(w.view.row_bytes * rows);
-  w.view.data = w.data.data();
-  return w;
-}
-
-OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t cols) {
-  OwnedWeight w = OwnedWeight::Allocate(type, rows, cols);
-  KernelsFor(type)->from_float(values, w.data.data(), rows * cols);
-  return w;
 }
 
 }  // namespace thermocline

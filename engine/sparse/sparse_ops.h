@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
-#include "engine/util/huge_pages.h"
+#include "engine/ops/weight_layout.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline {
@@ -33,16 +33,6 @@ inline void PrefetchRow(const uint8_t* p, size_t bytes) {
   const size_t end = bytes < kPrefetchBytes ? bytes : kPrefetchBytes;
   for (size_t o = 0; o < end; o += 64) __builtin_prefetch(p + o);
 }
-
-// An owned weight matrix built once at load (down_t, interleaved gate/up).
-struct OwnedWeight {
-  WeightView view;
-  HugeBytes data;  // on huge pages: the sparse operators read scattered rows
-
-  // A (rows, cols) matrix of `type`, its view over its own storage, uninitialized: the caller
-  // writes every row.
-  static OwnedWeight Allocate(GgmlType type, int64_t rows, int64_t cols);
-};
 
 // Per-executor buffers of the sparse operators, sized once so that a token never allocates.
 class SparseScratch {
@@ -137,15 +127,5 @@ void SparseMatVecReference(const WeightView& w, const float* x, const int32_t* i
                            int64_t n_active, float* y);
 void SparseAxpyReference(const WeightView& w_t, const int32_t* idx, const float* act,
                          int64_t n_active, float* out);
-
-// down_t: (down.cols, down.rows) of down's type, or F32 when that type's block size does not
-// divide down.rows (or it has no kernels). Parallel over the pool. With `order` (a permutation
-// of down.cols entries), row k of down_t is column order[k] of down.
-absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
-                                            const int32_t* order = nullptr);
-// Row k of the result is row order[k] of w, k < n: a copy, on huge pages.
-OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* order, int64_t n);
-// An F32 or F16 weight over a copy of `values`: (rows, cols).
-OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t cols);
 
 }  // namespace thermocline

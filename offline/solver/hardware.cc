@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runtime/bench.h"
+#include "engine/util/read_bandwidth.h"
 
 namespace thermocline::offline {
 namespace {

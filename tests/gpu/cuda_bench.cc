@@ -13,7 +13,7 @@
 
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
-#include "engine/gpu/gpu_ops.h"
+#include "bench/gpu_ops.h"
 #include "engine/ops/kernels.h"
 #include "engine/sparse/sparse_ops.h"
 

@@ -11,7 +11,7 @@
 
 #include "cuda_test_util.h"
 #include "engine/gpu/gpu_backend.h"
-#include "engine/gpu/gpu_ffn_backend.h"
+#include "bench/gpu_ffn_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/model/cpu_ops.h"
 #include "engine/util/thread_pool.h"

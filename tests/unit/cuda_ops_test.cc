@@ -12,7 +12,7 @@
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/gpu/gpu_memory.h"
-#include "engine/gpu/gpu_ops.h"
+#include "bench/gpu_ops.h"
 #include "engine/model/cpu_ops.h"
 
 namespace thermocline {

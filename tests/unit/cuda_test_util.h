@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/gpu/gpu_ops.h"
+#include "bench/gpu_ops.h"
 #include "engine/ops/kernels.h"
 #include "engine/sparse/sparse_ops.h"
 #include "test_util.h"

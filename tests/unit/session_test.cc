@@ -7,7 +7,7 @@
 #include <string>
 
 #include "engine/model/llama_model.h"
-#include "engine/model/synth.h"
+#include "bench/synth.h"
 #include "test_util.h"
 
 namespace thermocline {

@@ -11,7 +11,7 @@
 
 #include "engine/model/cpu_ops.h"
 #include "engine/model/session.h"
-#include "engine/runtime/sparse_read_floor.h"
+#include "bench/sparse_read_floor.h"
 #include "model_fixtures.h"
 
 namespace thermocline {

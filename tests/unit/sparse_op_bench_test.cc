@@ -1,7 +1,7 @@
-// The sparse operator benchmark (engine/runtime/sparse_op_bench.h) and `thermocline bench --ops`:
+// The sparse operator benchmark (bench/sparse_op_bench.h) and `thermocline bench --ops`:
 // what they measure and report on a tiny shape, and their argument errors. Speed itself is the
 // benchmark's business, never a unit test's.
-#include "engine/runtime/sparse_op_bench.h"
+#include "bench/sparse_op_bench.h"
 
 #include <catch2/catch.hpp>
 #include <set>

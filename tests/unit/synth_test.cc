@@ -1,6 +1,6 @@
 // thermocline synth with --sparsity / --hot-fraction: the power-law firing table, and a model
 // whose ReLU neurons really fire that often, measured over tokens with the dense FFN.
-#include "engine/model/synth.h"
+#include "bench/synth.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "engine/model/synth.h"
+#include "bench/synth.h"
 
 #include <algorithm>
 #include <cmath>

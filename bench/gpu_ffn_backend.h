@@ -12,7 +12,7 @@
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/model/ffn_backend.h"
 #include "engine/model/llama_model.h"
-#include "engine/sparse/sparse_ops.h"
+#include "engine/ops/weight_layout.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline::gpu {

@@ -8,7 +8,7 @@
 #include "engine/cuda/cuda_common.h"
 #include "engine/cuda/device_arena.h"
 #include "engine/gpu/gpu_backend.h"
-#include "engine/gpu/gpu_ops.h"
+#include "bench/gpu_ops.h"
 
 namespace thermocline::gpu {
 namespace {

@@ -17,9 +17,6 @@
 
 namespace thermocline::gpu {
 
-// The weight types with CUDA kernels: F32, F16, BF16, Q8_0, Q4_0.
-bool TypeSupported(GgmlType type);
-
 class GpuOps {
  public:
   // A CUDA stream, a cuBLAS handle (its workspace accounted) and a memory budget of

@@ -1,4 +1,4 @@
-#include "engine/runtime/bench.h"
+#include "bench/model_bench.h"
 
 #include <algorithm>
 #include <chrono>
@@ -71,37 +71,6 @@ absl::StatusOr<BenchResult> BenchModel(const LlamaModel& model, ThreadPool& pool
   r.decode_tokens_per_s = Median(r.decode_runs);
   r.decode_weight_gbps = r.weight_bytes * r.decode_tokens_per_s / 1e9;
   return r;
-}
-
-double MeasureReadBandwidth(ThreadPool& pool, size_t bytes) {
-  const size_t n = bytes / sizeof(uint64_t);
-  std::vector<uint64_t> buffer(n);
-  pool.ParallelFor(static_cast<int64_t>(n), 4096, [&](int, int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) buffer[i] = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
-  });
-  std::vector<uint64_t> sinks(pool.size() * 8);
-  double best = 0;
-  for (int pass = 0; pass < 4; ++pass) {
-    const double t0 = Now();
-    pool.ParallelFor(static_cast<int64_t>(n), 4096, [&](int thread, int64_t b, int64_t e) {
-      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-      int64_t i = b;
-      for (; i + 4 <= e; i += 4) {
-        a0 += buffer[i];
-        a1 += buffer[i + 1];
-        a2 += buffer[i + 2];
-        a3 += buffer[i + 3];
-      }
-      for (; i < e; ++i) a0 += buffer[i];
-      sinks[thread * 8] += a0 ^ a1 ^ a2 ^ a3;
-    });
-    const double seconds = Now() - t0;
-    best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / seconds / 1e9);
-  }
-  volatile uint64_t keep = 0;
-  for (uint64_t v : sinks) keep = keep + v;
-  (void)keep;
-  return best;
 }
 
 }  // namespace thermocline

@@ -1,11 +1,11 @@
 // Recording a sparse decode's active sets (a mutex-guarded list per layer and token) and
 // replaying only their reads, per layer over the pool, between untimed streams of a flush buffer.
-#include "engine/runtime/sparse_read_floor.h"
+#include "bench/sparse_read_floor.h"
 
 #include <algorithm>
 #include <chrono>
 
-#include "engine/runtime/touch_lines.h"
+#include "bench/touch_lines.h"
 #include "engine/sparse/sparse_ops.h"
 
 namespace thermocline {

@@ -1,5 +1,5 @@
 // GpuFfnBackend: every neuron of every layer on the GPU executor.
-#include "engine/gpu/gpu_ffn_backend.h"
+#include "bench/gpu_ffn_backend.h"
 
 #include <algorithm>
 #include <numeric>

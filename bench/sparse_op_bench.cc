@@ -1,7 +1,7 @@
 // The sparse operator benchmark: weights of one FFN shape per type (random, copied into enough
 // "layers" that caches don't hold them), then repetitions of every (pattern, fraction) with a
 // dense and a sparse measurement each, alternating which goes first; medians per path.
-#include "engine/runtime/sparse_op_bench.h"
+#include "bench/sparse_op_bench.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops/matmul.h"
-#include "engine/runtime/touch_lines.h"
+#include "bench/touch_lines.h"
 #include "engine/sparse/sparse_ops.h"
 
 namespace thermocline {

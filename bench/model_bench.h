@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/llama_model.h"
+#include "engine/util/read_bandwidth.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline {
@@ -28,9 +29,5 @@ struct BenchResult {
 
 absl::StatusOr<BenchResult> BenchModel(const LlamaModel& model, ThreadPool& pool,
                                        const BenchOptions& options);
-
-// Sustained read bandwidth in GB/s (1e9 bytes/s): best of a few passes of all threads summing
-// a buffer of `bytes` (far larger than the caches).
-double MeasureReadBandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30);
 
 }  // namespace thermocline

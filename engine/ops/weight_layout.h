@@ -1,0 +1,38 @@
+// Weight matrices built at load instead of mapped from the file: OwnedWeight (a matrix of any
+// type over its own storage, on huge pages where scattered rows cost no TLB miss each), the
+// transpose of a matrix (the sparse FFN's down_t, a rebuilt ffn_down), a permutation of its
+// rows, and a matrix made from floats.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "engine/ops/ggml_types.h"
+#include "engine/ops/kernels.h"
+#include "engine/ops/matmul.h"
+#include "engine/util/huge_pages.h"
+#include "engine/util/thread_pool.h"
+
+namespace thermocline {
+
+// An owned weight matrix built once at load (down_t, interleaved gate/up).
+struct OwnedWeight {
+  WeightView view;
+  HugeBytes data;  // on huge pages: the sparse operators read scattered rows
+
+  // A (rows, cols) matrix of `type`, its view over its own storage, uninitialized: the caller
+  // writes every row.
+  static OwnedWeight Allocate(GgmlType type, int64_t rows, int64_t cols);
+};
+
+// down_t: (down.cols, down.rows) of down's type, or F32 when that type's block size does not
+// divide down.rows (or it has no kernels). Parallel over the pool. With `order` (a permutation
+// of down.cols entries), row k of down_t is column order[k] of down.
+absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
+                                            const int32_t* order = nullptr);
+// Row k of the result is row order[k] of w, k < n: a copy, on huge pages.
+OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* order, int64_t n);
+// An F32 or F16 weight over a copy of `values`: (rows, cols).
+OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t cols);
+
+}  // namespace thermocline
