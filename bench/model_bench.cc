@@ -22,23 +22,22 @@ double Now() {
 
 }  // namespace
 
-absl::StatusOr<BenchResult> BenchModel(const LlamaModel& model, ThreadPool& pool,
+absl::StatusOr<BenchResult> BenchModel(const Engine& engine, ThreadPool& pool,
                                        const BenchOptions& options) {
+  const LlamaModel& model = engine.model();
   const LlamaHparams& h = model.hparams();
   if (options.prompt_tokens < 1 || options.gen_tokens < 1 || options.repetitions < 1) {
     return absl::InvalidArgumentError(
         "bench: prompt and generated tokens and repetitions must be positive");
   }
-  SessionOptions so;
-  so.n_ctx = options.prompt_tokens + options.gen_tokens + 1;
-  so.max_batch = options.prompt_tokens;
-  if (so.n_ctx > h.n_ctx_train) {
+  if (options.prompt_tokens + options.gen_tokens + 1 > engine.n_ctx()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("bench: ", so.n_ctx, " tokens exceed the model's context ", h.n_ctx_train));
+        absl::StrCat("bench: ", options.prompt_tokens + options.gen_tokens + 1,
+                     " tokens exceed the context ", engine.n_ctx()));
   }
-  auto session = Session::Create(model, &pool, so);
+  auto session = engine.NewSession(&pool);
   if (!session.ok()) return session.status();
-  Session& s = **session;
+  Session& s = (*session)->session();
 
   // A fixed pseudo-random prompt of ordinary token ids.
   std::vector<int32_t> prompt(options.prompt_tokens);

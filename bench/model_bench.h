@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/llama_model.h"
+#include "engine/runtime/engine.h"
 #include "engine/util/read_bandwidth.h"
 #include "engine/util/thread_pool.h"
 
@@ -27,7 +28,9 @@ struct BenchResult {
   double decode_weight_gbps = 0;  // weight_bytes * decode_tokens_per_s
 };
 
-absl::StatusOr<BenchResult> BenchModel(const LlamaModel& model, ThreadPool& pool,
+// Prefill and decode of a fixed pseudo-random prompt on a session of `engine` over `pool`; the
+// engine's context must hold prompt_tokens + gen_tokens + 1.
+absl::StatusOr<BenchResult> BenchModel(const Engine& engine, ThreadPool& pool,
                                        const BenchOptions& options);
 
 }  // namespace thermocline

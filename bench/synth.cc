@@ -14,6 +14,7 @@
 #include "engine/model/cpu_ops.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
+#include "engine/runtime/engine.h"
 #include "engine/ops/kernels.h"
 
 namespace thermocline {
@@ -397,9 +398,11 @@ absl::Status CalibrateSynthThresholds(const LlamaModel& model, ThreadPool& pool,
   if (!(recall > 0 && recall < 1) || n_tokens <= 0) {
     return absl::InvalidArgumentError("synth: the recall must be in (0, 1), the tokens > 0");
   }
-  SessionOptions options;
+  EngineOptions options;
   options.n_ctx = n_tokens;
-  auto session = Session::Create(model, &pool, options);
+  auto engine = Engine::Create(model, std::nullopt, options, pool);
+  if (!engine.ok()) return engine.status();
+  auto session = (*engine)->NewSession(&pool);
   if (!session.ok()) return session.status();
   FiredLogits fired(model, predictors);
   (*session)->set_ffn_observer(&fired);
@@ -408,7 +411,7 @@ absl::Status CalibrateSynthThresholds(const LlamaModel& model, ThreadPool& pool,
   for (int64_t i = 0; i < n_tokens; ++i) {
     tokens[i] = static_cast<int32_t>((i * 7919 + 3) % h.n_vocab);
   }
-  if (absl::Status s = (*session)->Eval(tokens); !s.ok()) return s;
+  if (absl::Status s = (*session)->session().Eval(tokens); !s.ok()) return s;
   for (size_t l = 0; l < predictors.size(); ++l) {
     std::vector<double>& v = fired.logits(l);
     if (v.empty()) continue;  // nothing fired: keep the construction's threshold

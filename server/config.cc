@@ -8,6 +8,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "engine/gpu/gpu_layers.h"
+#include "engine/runtime/engine.h"
+#include "engine/util/byte_size.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline::server {
@@ -106,6 +109,8 @@ absl::Status ReadModels(const toml::node* node, ServerConfig* c) {
     r.Get<std::string>("chat_template", &m.chat_template);
     r.Get<std::string>("sparse", &m.sparse);
     r.Get<std::string>("sidecar", &m.sidecar);
+    r.Get<std::string>("gpu_memory", &m.gpu_memory);
+    r.Get<std::string>("gpu_layers", &m.gpu_layers);
     if (absl::Status s = r.Finish(); !s.ok()) return s;
     if (m.path.empty()) return KeyError("models.path", "is required");
     c->models.push_back(std::move(m));
@@ -114,6 +119,29 @@ absl::Status ReadModels(const toml::node* node, ServerConfig* c) {
 }
 
 }  // namespace
+
+absl::Status ApplyGpuConfig(const ModelConfig& m, uint64_t* gpu_memory, int64_t* gpu_layers) {
+  *gpu_memory = 0;
+  *gpu_layers = kNoGpuLayers;
+  if (!m.gpu_memory.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(m.gpu_memory);
+    if (!bytes.ok() || *bytes <= 0) {
+      return KeyError("models.gpu_memory",
+                      absl::StrCat("'", m.gpu_memory, "' of model '", m.name,
+                                   "': use a positive byte count (8G, 512M, 1000000)"));
+    }
+    *gpu_memory = static_cast<uint64_t>(*bytes);
+  }
+  if (!m.gpu_layers.empty()) {
+    absl::StatusOr<int64_t> n = gpu::ParseGpuLayers(m.gpu_layers);
+    if (!n.ok()) {
+      return KeyError("models.gpu_layers", absl::StrCat("'", m.gpu_layers, "' of model '", m.name,
+                                                        "': use a number of layers or auto"));
+    }
+    *gpu_layers = *n;
+  }
+  return absl::OkStatus();
+}
 
 absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   // The packaged toml++ is built with exceptions; they stay inside this function.
@@ -182,6 +210,8 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   reg.Get<std::string>("state_dir", &c->state_dir);
   reg.Get<int64_t>("jobs", &c->jobs);
   reg.Get<int64_t>("model_memory_budget", &c->model_memory_budget);
+  reg.Get<std::string>("gpu_memory", &c->gpu_memory);
+  reg.Get<std::string>("gpu_layers", &c->gpu_layers);
   reg.Get<int64_t>("profile_tokens", &c->profile_tokens);
   reg.Get<double>("solve_time_limit_s", &c->solve_time_limit_s);
   reg.Get<std::string>("hardware", &c->hardware);
@@ -256,6 +286,21 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     }
     if (m.n_ctx < 0 || m.n_ctx > (int64_t{1} << 20)) {
       return KeyError("models.n_ctx", "must be in [0, 1048576]");
+    }
+    uint64_t gpu_memory = 0;
+    int64_t gpu_layers = 0;
+    if (absl::Status s = ApplyGpuConfig(m, &gpu_memory, &gpu_layers); !s.ok()) return s;
+  }
+  {
+    ModelConfig defaults;
+    defaults.name = "(registered models)";
+    defaults.gpu_memory = c->gpu_memory;
+    defaults.gpu_layers = c->gpu_layers;
+    uint64_t gpu_memory = 0;
+    int64_t gpu_layers = 0;
+    if (absl::Status s = ApplyGpuConfig(defaults, &gpu_memory, &gpu_layers); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("[registry] ", s.message()));
     }
   }
   if (c->threads_per_slot == 0) {

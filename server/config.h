@@ -21,7 +21,15 @@ struct ModelConfig {
   // is given or lies beside the model as <path>.thermo.gguf).
   std::string sparse = "auto";
   std::string sidecar;  // offline sidecar (thermocline profile); "" = look beside the model
+  // The GPU (engine/runtime/engine.h): device memory the model may use ("8G", bytes; "" = no
+  // cap asked for) and whole layers on it ("auto", a count; "" = none asked for). With a sidecar
+  // and gpu_memory the solved hybrid placement runs; with gpu_layers, -ngl-style whole layers.
+  std::string gpu_memory;
+  std::string gpu_layers;
 };
+
+// The engine options of `gpu_memory` / `gpu_layers` (validated by FinalizeConfig).
+absl::Status ApplyGpuConfig(const ModelConfig& m, uint64_t* gpu_memory, int64_t* gpu_layers);
 
 struct ServerConfig {
   // [server]
@@ -62,6 +70,10 @@ struct ServerConfig {
   double solve_time_limit_s = 10;   // placement ILP budget per job
   std::string hardware;             // hardware profile file the placement is solved for; "" =
                                     // the defaults (RTX 3060 12 GB) with the CPU measured here
+  // GPU options of registered models that do not set their own (ModelConfig's; `serve
+  // --gpu-memory/--gpu-layers` set them too).
+  std::string gpu_memory;
+  std::string gpu_layers;
 
   // [debug]
   int decode_delay_ms = 0;     // sleep after each token: makes the tiny test models slow

@@ -59,7 +59,11 @@ absl::Status RunDaemon(const ServerConfig& config) {
   signal(SIGPIPE, SIG_IGN);
 
   Metrics metrics;
-  ModelRegistry registry(config.models, config.model_memory_budget);
+  RegistryOptions registry_options;
+  registry_options.memory_budget = config.model_memory_budget;
+  registry_options.max_batch = config.max_batch;
+  registry_options.build_threads = config.threads_per_slot;
+  ModelRegistry registry(config.models, registry_options);
   Scheduler scheduler(config, &metrics);
   // Unloaded models leave the idle slots at once (their memory is freed unless a request holds
   // them); busy slots let go after their job.

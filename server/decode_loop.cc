@@ -13,11 +13,109 @@ namespace {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-bool Contains(const std::vector<int32_t>& v, int32_t id) {
-  return std::find(v.begin(), v.end(), id) != v.end();
-}
-
 }  // namespace
+
+// The per-token callback of one job: metrics, logprobs, the stop strings, streaming to the
+// job's sink, cancellation and the deadline.
+class DecodeLoop::TokenSink {
+ public:
+  TokenSink(Job& job, GenerationStats* stats, Metrics* metrics, int delay_ms, StopMatcher* stop,
+            std::vector<TokenLogprobs>* pending)
+      : job_(job),
+        r_(job.request),
+        stats_(stats),
+        metrics_(metrics),
+        delay_ms_(delay_ms),
+        stop_(*stop),
+        pending_(*pending) {
+    stop_.Reset(&r_.stop);
+    pending_.clear();
+  }
+
+  TokenAction OnToken(const GeneratedToken& t, int32_t n_vocab) {
+    ++stats_->completion_tokens;
+    metrics_->AddGeneratedToken();
+    const Clock::time_point now = Clock::now();
+    if (t.index == 0) {
+      stats_->ttft_seconds = Seconds(now - job_.arrival);
+      metrics_->ObserveTimeToFirstToken(stats_->ttft_seconds);
+    } else {
+      metrics_->ObserveInterToken(Seconds(now - last_));
+    }
+    last_ = now;
+    if (r_.logprobs || r_.token_ids) {
+      TokenLogprobs& lp = pending_.emplace_back();
+      lp.id = t.id;
+      lp.text_offset = produced_;
+      if (r_.logprobs) {
+        const absl::Span<const float> raw(t.logits, n_vocab);
+        lp.logprob = Sampler::Logprob(raw, t.id);
+        if (r_.top_logprobs > 0) Sampler::TopLogprobs(raw, r_.top_logprobs, &lp.top);
+      }
+    }
+    produced_ += t.text.size();
+    bool stopped = false;
+    const std::string_view out = stop_.Push(t.text, &stopped);
+    if (!Emit(out, /*final=*/stopped)) job_.Cancel(CancelReason::kClientGone);
+    if (stopped) return TokenAction::kStop;
+    if (job_.cancelled()) return TokenAction::kCancel;
+    if (now >= job_.deadline) {
+      job_.Cancel(CancelReason::kDeadline);
+      return TokenAction::kCancel;
+    }
+    if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    return TokenAction::kContinue;
+  }
+
+  // The text the detokenizer held back to the end: it may complete a stop string too.
+  StopReason Finish(StopReason reason, std::string_view tail) {
+    bool stopped = false;
+    const std::string_view out = stop_.Push(tail, &stopped);
+    if (stopped) {
+      Emit(out, /*final=*/true);
+      return StopReason::kStopSequence;
+    }
+    std::string rest(out);
+    rest += stop_.Flush();
+    Emit(rest, /*final=*/true);
+    return reason;
+  }
+
+ private:
+  // Emits text and the logprobs of the tokens whose text has been fully emitted (all pending
+  // ones when `final`). False when the sink says stop.
+  bool Emit(std::string_view text, bool final) {
+    size_t ready = 0;
+    if (final) {
+      // Tokens that start before the end of the emitted text (a stop string may cut the last).
+      while (ready < pending_.size() && pending_[ready].text_offset < stop_.emitted()) ++ready;
+      if (stop_.emitted() == produced_) ready = pending_.size();
+    } else {
+      // Tokens whose text has been emitted entirely.
+      while (ready < pending_.size()) {
+        const size_t end =
+            ready + 1 < pending_.size() ? pending_[ready + 1].text_offset : produced_;
+        if (end > stop_.emitted()) break;
+        ++ready;
+      }
+    }
+    if (text.empty() && ready == 0) return true;
+    const bool go_on =
+        job_.sink->OnDelta(text, absl::Span<const TokenLogprobs>(pending_.data(), ready));
+    pending_.erase(pending_.begin(), pending_.begin() + ready);
+    return go_on;
+  }
+
+  Job& job_;
+  const GenerationRequest& r_;
+  GenerationStats* stats_;
+  Metrics* metrics_;
+  const int delay_ms_;
+  StopMatcher& stop_;
+  std::vector<TokenLogprobs>& pending_;
+  size_t produced_ = 0;  // bytes of text generated so far in this job
+  Clock::time_point last_ = Clock::now();
+};
 
 DecodeLoop::DecodeLoop(const DecodeLoopOptions& options, Metrics* metrics)
     : options_(options), metrics_(metrics), pool_(std::max(1, options.threads)) {}
@@ -29,9 +127,6 @@ absl::Status DecodeLoop::AddModel(const std::shared_ptr<const LoadedModel>& mode
 }
 
 void DecodeLoop::Drop(PerModel& m) {
-  if (m.session != nullptr) m.session->set_ffn_backend(nullptr);
-  m.sparse.reset();
-  m.source.reset();
   m.session.reset();
   m.model.reset();
 }
@@ -60,42 +155,21 @@ absl::StatusOr<Session*> DecodeLoop::Prepare(const std::shared_ptr<const LoadedM
   if (index >= models_.size()) models_.resize(index + 1);
   PerModel& m = models_[index];
   if (m.model != loaded) Drop(m);  // a session of an earlier load of the model
-  if (m.session == nullptr) {
-    SessionOptions so;
-    so.n_ctx = model.n_ctx;
-    so.max_batch = options_.max_batch;
-    auto session = Session::Create(*model.model, &pool_, so);
-    if (!session.ok()) return session.status();
-    m.session = std::move(*session);
-    m.model = loaded;
-    const size_t n_vocab = static_cast<size_t>(model.model->hparams().n_vocab);
-    raw_logits_.resize(std::max(raw_logits_.size(), n_vocab));
-    history_.reserve(std::max<size_t>(history_.capacity(), model.n_ctx));
+  const std::shared_ptr<const Engine> engine = model.engine();
+  if (m.session != nullptr && &m.session->engine() != engine.get()) {
+    m.session.reset();  // the model's engine changed (a sidecar arrived): a session on the new one
   }
-  std::shared_ptr<const SparseSource> source = model.served->sparse_source();
-  if (source != m.source) {
-    m.session->set_ffn_backend(nullptr);
-    m.sparse.reset();
-    m.source = source;
-    if (source != nullptr) {
-      SparseFfnOptions options;
-      options.dense_prefill = true;
-      auto weights = model.SparseWeightsFor(source, pool_);
-      absl::StatusOr<std::unique_ptr<SparseFfn>> ffn =
-          weights.ok() ? SparseFfn::Create(*std::move(weights), &pool_, options)
-                       : absl::StatusOr<std::unique_ptr<SparseFfn>>(weights.status());
-      if (ffn.ok()) {
-        m.sparse = std::move(*ffn);
-        m.sparse->set_session(m.session.get());
-        m.session->set_ffn_backend(m.sparse.get());
-      } else {
-        // Checked by the registry before it was published; serve dense rather than fail.
-        spdlog::error("model '{}': cannot serve sparse from {}: {}; serving dense",
-                      model.config().name, source->path, std::string(ffn.status().message()));
-      }
+  if (m.session == nullptr) {
+    absl::StatusOr<std::unique_ptr<EngineSession>> session = engine->NewSession(&pool_);
+    if (!session.ok()) return session.status();
+    m.session = *std::move(session);
+    m.model = loaded;
+    const EnginePlacement& p = m.session->placement();
+    if (p.gpu_requested && p.note != engine->placement().note && !p.note.empty()) {
+      spdlog::warn("model '{}': a slot's session: {}", model.config().name, p.note);
     }
   }
-  return m.session.get();
+  return &m.session->session();
 }
 
 DecodeLoop::Outcome DecodeLoop::Run(Job& job) {
@@ -105,143 +179,53 @@ DecodeLoop::Outcome DecodeLoop::Run(Job& job) {
   metrics_->ObserveQueueWait(out.stats.queue_seconds);
   if (!job.cancelled() && start >= job.deadline) job.Cancel(CancelReason::kDeadline);
   if (job.cancelled()) {
-    out.reason = FinishReason::kCancelled;
+    out.reason = StopReason::kCancelled;
   } else {
     out.reason = Generate(job, &out.stats, &out.error);
   }
   Finish();
-  if (out.reason == FinishReason::kCancelled) metrics_->CountCancellation(job.cancel_reason());
+  if (out.reason == StopReason::kCancelled) metrics_->CountCancellation(job.cancel_reason());
   out.stats.total_seconds = Seconds(Clock::now() - job.arrival);
   metrics_->ObserveRequestDuration(out.stats.total_seconds);
   return out;
 }
 
-FinishReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* error) {
+StopReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* error) {
   const GenerationRequest& r = job.request;
-  const LoadedModel& served = *job.model;
-  const Tokenizer& tok = served.tokenizer();
   auto prepared = Prepare(job.model.shared());
   if (!prepared.ok()) {
     *error = prepared.status();
-    return FinishReason::kError;
+    return StopReason::kError;
   }
   Session& session = **prepared;
-  const int32_t n_vocab = static_cast<int32_t>(served.model->hparams().n_vocab);
-
+  const int32_t n_vocab = static_cast<int32_t>(session.model().hparams().n_vocab);
   session.Reset();
   stats->prompt_tokens = static_cast<int64_t>(r.prompt.size());
-  if (absl::Status s = session.Eval(r.prompt); !s.ok()) {
-    *error = s;
-    return FinishReason::kError;
+
+  GenerateOptions options;
+  options.max_tokens = r.max_tokens;
+  options.sampling = r.sampling;
+  options.stop_at_end_of_generation = !r.ignore_eos;
+  options.stop_tokens = r.stop_tokens;
+  options.logit_bias = r.logit_bias;
+  options.raw_logits = r.logprobs;
+  TokenSink sink(job, stats, metrics_, options_.decode_delay_ms, &stop_, &pending_logprobs_);
+  absl::StatusOr<GenerationResult> result =
+      thermocline::Generate(session, r.prompt, options, [&](const GeneratedToken& t) {
+        return sink.OnToken(t, n_vocab);
+      });
+  if (!result.ok()) {
+    *error = result.status();
+    return StopReason::kError;
   }
   metrics_->AddPromptTokens(stats->prompt_tokens);
-
-  Sampler sampler(r.sampling, n_vocab);
-  // Generated text continues the prompt: the detokenizer sees the prompt first, as the
-  // engine's Generate does, so the two give the same text.
-  StreamingDetokenizer detok(tok);
-  for (int32_t id : r.prompt) detok.Push(id);
-  history_.assign(r.prompt.begin(), r.prompt.end());
-  stop_.Reset(&r.stop);
-  pending_logprobs_.clear();
-  produced_ = 0;
-
-  FinishReason reason = FinishReason::kLength;
-  Clock::time_point last = Clock::now();
-  for (int32_t i = 0; i < r.max_tokens; ++i) {
-    float* logits = session.mutable_logits();
-    if (r.logprobs) std::copy_n(logits, n_vocab, raw_logits_.data());
-    for (const auto& [id, bias] : r.logit_bias) logits[id] += bias;
-    const int32_t id = sampler.Sample(logits, history_);
-    if (!r.ignore_eos && (tok.IsEndOfGeneration(id) || Contains(r.stop_tokens, id))) {
-      reason = FinishReason::kStop;
-      break;
-    }
-    history_.push_back(id);
-    ++stats->completion_tokens;
-    metrics_->AddGeneratedToken();
-    const Clock::time_point now = Clock::now();
-    if (i == 0) {
-      stats->ttft_seconds = Seconds(now - job.arrival);
-      metrics_->ObserveTimeToFirstToken(stats->ttft_seconds);
-    } else {
-      metrics_->ObserveInterToken(Seconds(now - last));
-    }
-    last = now;
-
-    const std::string text = detok.Push(id);
-    if (r.logprobs || r.token_ids) {
-      TokenLogprobs& lp = pending_logprobs_.emplace_back();
-      lp.id = id;
-      lp.text_offset = produced_;
-      if (r.logprobs) {
-        const absl::Span<const float> raw(raw_logits_.data(), n_vocab);
-        lp.logprob = Sampler::Logprob(raw, id);
-        if (r.top_logprobs > 0) Sampler::TopLogprobs(raw, r.top_logprobs, &lp.top);
-      }
-    }
-    produced_ += text.size();
-    bool stopped = false;
-    const std::string_view out = stop_.Push(text, &stopped);
-    if (!Emit(job, out, /*final=*/stopped)) job.Cancel(CancelReason::kClientGone);
-    if (stopped) {
-      stats->stop_sequence = true;
-      return FinishReason::kStop;
-    }
-    if (job.cancelled()) return FinishReason::kCancelled;
-    if (now >= job.deadline) {
-      job.Cancel(CancelReason::kDeadline);
-      return FinishReason::kCancelled;
-    }
-    if (i + 1 == r.max_tokens || session.n_past() >= session.n_ctx()) break;
-    if (options_.decode_delay_ms > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.decode_delay_ms));
-    }
-    if (absl::Status s = session.Eval({&id, 1}); !s.ok()) {
-      *error = s;
-      return FinishReason::kError;
-    }
+  switch (result->stop_reason) {
+    case StopReason::kStopSequence:  // its text is emitted, the rest dropped
+    case StopReason::kCancelled:
+      return result->stop_reason;
+    default:
+      return sink.Finish(result->stop_reason, result->final_text);
   }
-  // Bytes the detokenizer still holds may complete a stop string too.
-  bool stopped = false;
-  const std::string tail = detok.Flush();
-  std::string_view out = stop_.Push(tail, &stopped);
-  if (!stopped) {
-    std::string rest(out);
-    rest += stop_.Flush();
-    Emit(job, rest, /*final=*/true);
-  } else {
-    Emit(job, out, /*final=*/true);
-    reason = FinishReason::kStop;
-    stats->stop_sequence = true;
-  }
-  return reason;
-}
-
-bool DecodeLoop::Emit(Job& job, std::string_view text, bool final) {
-  size_t ready = 0;
-  if (final) {
-    // Tokens that start before the end of the emitted text (a stop string may cut the last).
-    while (ready < pending_logprobs_.size() &&
-           pending_logprobs_[ready].text_offset < stop_.emitted()) {
-      ++ready;
-    }
-    if (stop_.emitted() == produced_) ready = pending_logprobs_.size();
-  } else {
-    // Tokens whose text has been emitted entirely.
-    while (ready < pending_logprobs_.size()) {
-      const size_t end = ready + 1 < pending_logprobs_.size()
-                             ? pending_logprobs_[ready + 1].text_offset
-                             : produced_;
-      if (end > stop_.emitted()) break;
-      ++ready;
-    }
-  }
-  if (text.empty() && ready == 0) return true;
-  const bool go_on =
-      job.sink->OnDelta(text, absl::Span<const TokenLogprobs>(pending_logprobs_.data(), ready));
-  pending_logprobs_.erase(pending_logprobs_.begin(), pending_logprobs_.begin() + ready);
-  return go_on;
 }
 
 }  // namespace thermocline::server

@@ -1,11 +1,11 @@
 // The execute step: one slot's batch-size-1 decode loop. It owns the slot's thread pool and one
-// Session (KV cache) per served model, created on the model's first job (or up front by
-// AddModel), and runs the jobs the scheduler hands it: prefill, then sample / detokenize /
-// stop-string filter / stream each token, with cancellation and the deadline checked after
-// every token. Between jobs it picks up a model's new sparse source (its own SparseFfn, which
-// has per-token buffers) or drops it to serve dense, and drops the sessions of models the
-// registry has unloaded (each session shares ownership of its loaded model, so that is when
-// their memory can go). It never decides what runs.
+// engine session (engine/runtime/engine.h) per served model, created on the model's first job
+// (or up front by AddModel), and runs the jobs the scheduler hands it through the engine's
+// Generate loop (engine/runtime/generate.h). This file is that loop's per-token callback: stop
+// strings, logprobs, streaming, the deadline, cancellation and metrics. Between jobs it picks up
+// a model's new engine (a sidecar that arrived) and drops the sessions of models the registry
+// has unloaded (each session shares ownership of its loaded model, so that is when their memory
+// can go). It never decides what runs.
 #pragma once
 
 #include <memory>
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/model/session.h"
-#include "engine/sparse/sparse_ffn.h"
+#include "engine/runtime/engine.h"
+#include "engine/runtime/generate.h"
 #include "engine/util/thread_pool.h"
 #include "server/job.h"
 #include "server/metrics.h"
@@ -23,12 +23,10 @@
 
 namespace thermocline::server {
 
-struct SparseSource;
 struct LoadedModel;
 
 struct DecodeLoopOptions {
   int threads = 1;
-  int64_t max_batch = 64;
   int decode_delay_ms = 0;  // debug: sleep after each token
 };
 
@@ -43,7 +41,7 @@ class DecodeLoop {
   void ReleaseUnloaded();
 
   struct Outcome {
-    FinishReason reason = FinishReason::kStop;
+    StopReason reason = StopReason::kEndOfGeneration;
     GenerationStats stats;
     absl::Status error;
   };
@@ -53,35 +51,28 @@ class DecodeLoop {
   Outcome Run(Job& job);
 
  private:
-  // The model's session with the backend of its current sparse source; created on first use.
-  // Marks it running (until Finish).
+  class TokenSink;
+  // The model's session on its current engine; created on first use, and again when the
+  // model's engine has changed. Marks it running (until Finish).
   absl::StatusOr<Session*> Prepare(const std::shared_ptr<const LoadedModel>& model);
-  FinishReason Generate(Job& job, GenerationStats* stats, absl::Status* error);
-  // Emits text and the logprobs of the tokens whose text has been fully emitted (all pending
-  // ones when `final`). False when the sink says stop.
-  bool Emit(Job& job, std::string_view text, bool final);
+  StopReason Generate(Job& job, GenerationStats* stats, absl::Status* error);
 
   DecodeLoopOptions options_;
   Metrics* metrics_;
   ThreadPool pool_;
   struct PerModel {
     std::shared_ptr<const LoadedModel> model;  // what `session` runs; declared first: freed last
-    std::unique_ptr<Session> session;
-    std::unique_ptr<SparseFfn> sparse;           // null: dense
-    std::shared_ptr<const SparseSource> source;  // what `sparse` was built from
+    std::unique_ptr<EngineSession> session;    // holds its engine
   };
   static void Drop(PerModel& m);
   // No job runs any more: drops what ReleaseUnloaded had to leave.
   void Finish();
-  std::mutex models_mu_;          // guards models_ (a job's Session is its slot's alone)
+  std::mutex models_mu_;          // guards models_ (a job's session is its slot's alone)
   std::vector<PerModel> models_;  // by ServedModel::index
   int running_ = -1;              // models_ index of the job running now
   // Reused across jobs so that a token costs no allocation.
-  std::vector<int32_t> history_;
-  std::vector<float> raw_logits_;
   StopMatcher stop_;
   std::vector<TokenLogprobs> pending_logprobs_;
-  size_t produced_ = 0;  // bytes of text generated so far in this job
 };
 
 }  // namespace thermocline::server

@@ -12,12 +12,24 @@ namespace {
 namespace pb = thermocline::v1;
 namespace health = grpc::health::v1;
 
-pb::ModelInfo::State StateOf(const std::string& state) {
-  if (state == "registered") return pb::ModelInfo::REGISTERED;
-  if (state == "profiling") return pb::ModelInfo::PROFILING;
-  if (state == "ready") return pb::ModelInfo::READY;
-  if (state == "failed") return pb::ModelInfo::FAILED;
-  if (state == "unloading") return pb::ModelInfo::UNLOADING;
+// The one mapping of the lifecycle to the gRPC enum (a job's states; the serving states a
+// registered model's job never takes map to unspecified).
+pb::ModelInfo::State StateOf(ModelState state) {
+  switch (state) {
+    case ModelState::kRegistered:
+      return pb::ModelInfo::REGISTERED;
+    case ModelState::kProfiling:
+      return pb::ModelInfo::PROFILING;
+    case ModelState::kReady:
+      return pb::ModelInfo::READY;
+    case ModelState::kFailed:
+      return pb::ModelInfo::FAILED;
+    case ModelState::kUnloading:
+      return pb::ModelInfo::UNLOADING;
+    case ModelState::kLoading:
+    case ModelState::kUnloaded:
+      break;
+  }
   return pb::ModelInfo::STATE_UNSPECIFIED;
 }
 
@@ -29,7 +41,7 @@ void ToStruct(const nlohmann::json& j, google::protobuf::Struct* out) {
       j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), out);
 }
 
-bool Terminal(const ModelInfo& info) { return info.state == "ready" || info.state == "failed"; }
+bool Terminal(const ModelInfo& info) { return IsSettled(info.state); }
 
 }  // namespace
 
@@ -49,6 +61,9 @@ void ToProto(const ModelInfo& info, pb::ModelInfo* out) {
   out->set_updated_at(info.updated_at);
   ToStruct(info.placement, out->mutable_placement());
   ToStruct(info.report, out->mutable_report());
+  ToStruct(info.runs_on, out->mutable_runs_on());
+  out->set_gpu_memory(info.gpu_memory);
+  out->set_gpu_layers(info.gpu_layers);
   if (!info.placement.is_object()) out->clear_placement();
   if (!info.report.is_object()) out->clear_report();
   out->set_version(info.version);
@@ -76,6 +91,8 @@ grpc::Status AdminService::RegisterModel(grpc::ServerContext* context,
   spec.activation = request->activation();
   spec.corpus = request->corpus();
   spec.profile_tokens = request->profile_tokens();
+  spec.gpu_memory = request->gpu_memory();
+  spec.gpu_layers = request->gpu_layers();
   auto info = shared_->admin->Register(spec);
   if (!info.ok()) return ToGrpcStatus(info.status());
   ToProto(*info, response);

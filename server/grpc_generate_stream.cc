@@ -20,7 +20,7 @@ class GenerateStream::Sink final : public GenerationSink {
   bool OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) override {
     return stream_->OnDelta(text, logprobs);
   }
-  void OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
+  void OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
                 const absl::Status& error) override {
     stream_->OnFinish(reason, cancel, stats, error);
   }
@@ -83,17 +83,20 @@ bool GenerateStream::OnDelta(std::string_view text, absl::Span<const TokenLogpro
 
 namespace {
 
-pb::GenerateResponse::StopReason StopReasonOf(FinishReason reason, CancelReason cancel,
+pb::GenerateResponse::StopReason StopReasonOf(StopReason reason, CancelReason cancel,
                                               const GenerationStats& stats) {
   switch (reason) {
-    case FinishReason::kStop:
-      return stats.stop_sequence ? pb::GenerateResponse::STOP_SEQUENCE : pb::GenerateResponse::EOS;
-    case FinishReason::kLength:
+    case StopReason::kEndOfGeneration:
+      return pb::GenerateResponse::EOS;
+    case StopReason::kStopSequence:
+      return pb::GenerateResponse::STOP_SEQUENCE;
+    case StopReason::kLength:
+    case StopReason::kContextFull:
       return pb::GenerateResponse::MAX_TOKENS;
-    case FinishReason::kCancelled:
+    case StopReason::kCancelled:
       return cancel == CancelReason::kDeadline ? pb::GenerateResponse::DEADLINE
                                                : pb::GenerateResponse::CANCELLED;
-    case FinishReason::kError:
+    case StopReason::kError:
       break;
   }
   return pb::GenerateResponse::ERROR;
@@ -101,7 +104,7 @@ pb::GenerateResponse::StopReason StopReasonOf(FinishReason reason, CancelReason 
 
 }  // namespace
 
-void GenerateStream::OnFinish(FinishReason reason, CancelReason cancel,
+void GenerateStream::OnFinish(StopReason reason, CancelReason cancel,
                               const GenerationStats& stats, const absl::Status& error) {
   const pb::GenerateResponse::StopReason stop = StopReasonOf(reason, cancel, stats);
   grpc::Status status = grpc::Status::OK;
@@ -110,12 +113,12 @@ void GenerateStream::OnFinish(FinishReason reason, CancelReason cancel,
   if (stop == pb::GenerateResponse::ERROR) {
     status = grpc::Status(grpc::StatusCode::INTERNAL,
                           std::string("generation failed: ") + std::string(error.message()));
-  } else if (reason == FinishReason::kCancelled && cancel == CancelReason::kShutdown) {
+  } else if (reason == StopReason::kCancelled && cancel == CancelReason::kShutdown) {
     status = ToGrpcStatus(Unavailable("shutting_down", "the server shut down before the end"));
-  } else if (reason == FinishReason::kCancelled && cancel == CancelReason::kClientGone) {
+  } else if (reason == StopReason::kCancelled && cancel == CancelReason::kClientGone) {
     status = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call");
     client_side = true;
-  } else if (reason == FinishReason::kCancelled && deadline_is_call_) {
+  } else if (reason == StopReason::kCancelled && deadline_is_call_) {
     status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the call's deadline passed");
     client_side = true;
   }

@@ -42,7 +42,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<thermocline::v1::Ge
   class Sink;
   // GenerationSink calls, forwarded by Sink (from the slot thread, or the cancelling thread).
   bool OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs);
-  void OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
+  void OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
                 const absl::Status& error);
   // With mu_ held: moves pending_ to in_flight_ when nothing is on the wire and there is something
   // to send; true when the caller must StartWrite(&in_flight_) (after unlocking).

@@ -29,7 +29,8 @@ absl::Status OptionalString(const json& body, const char* key, std::string* out)
 }
 
 absl::StatusOr<RegisterSpec> SpecFromJson(const json& body) {
-  static const char* const kKnown[] = {"path", "name", "activation", "corpus", "profile_tokens"};
+  static const char* const kKnown[] = {"path",           "name",       "activation", "corpus",
+                                       "profile_tokens", "gpu_memory", "gpu_layers"};
   for (const auto& [key, value] : body.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
@@ -37,14 +38,16 @@ absl::StatusOr<RegisterSpec> SpecFromJson(const json& body) {
       return InvalidRequest(key, "unknown_parameter",
                             absl::StrCat("unknown field '", key,
                                          "'; known: path, name, activation, corpus, "
-                                         "profile_tokens"));
+                                         "profile_tokens, gpu_memory, gpu_layers"));
     }
   }
   RegisterSpec spec;
   for (auto [key, dst] : {std::pair{"path", &spec.path},
                           {"name", &spec.name},
                           {"activation", &spec.activation},
-                          {"corpus", &spec.corpus}}) {
+                          {"corpus", &spec.corpus},
+                          {"gpu_memory", &spec.gpu_memory},
+                          {"gpu_layers", &spec.gpu_layers}}) {
     if (absl::Status s = OptionalString(body, key, dst); !s.ok()) return s;
   }
   if (spec.path.empty()) {
@@ -69,7 +72,7 @@ absl::StatusOr<RegisterSpec> SpecFromJson(const json& body) {
   return spec;
 }
 
-bool Terminal(const ModelInfo& info) { return info.state == "ready" || info.state == "failed"; }
+bool Terminal(const ModelInfo& info) { return IsSettled(info.state); }
 
 }  // namespace
 

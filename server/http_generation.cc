@@ -54,16 +54,16 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
     sink->Wait();
     access.completion_tokens = sink->stats().completion_tokens;
     access.ttft_seconds = sink->stats().ttft_seconds;
-    if (sink->reason() == FinishReason::kError) {
+    if (sink->reason() == StopReason::kError) {
       spdlog::error("generation failed: {}", sink->error().ToString());
       return SendError(
           res, absl::InternalError(absl::StrCat("generation failed: ", sink->error().message())));
     }
-    if (sink->reason() == FinishReason::kCancelled && sink->cancel() != CancelReason::kDeadline) {
+    if (sink->reason() == StopReason::kCancelled && sink->cancel() != CancelReason::kDeadline) {
       access.outcome = CancelReasonName(sink->cancel());
       return SendError(res, Unavailable("shutting_down", "the server shut down before the end"));
     }
-    if (sink->reason() == FinishReason::kCancelled) access.outcome = "deadline";
+    if (sink->reason() == StopReason::kCancelled) access.outcome = "deadline";
     res.set_content(BuildResponseBody(meta, sink->text(), sink->logprobs(),
                                       FinishReasonText(sink->reason()), sink->stats()),
                     "application/json");

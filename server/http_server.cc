@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "server/engine_report.h"
 #include "server/errors.h"
 #include "server/http_access.h"
 #include "server/model_metrics.h"
@@ -43,7 +44,7 @@ const char* EndpointLabel(const std::string& method, const std::string& path) {
 
 json ModelObject(const ServedModel& m) {
   const std::shared_ptr<const LoadedModel> loaded = m.loaded();
-  const auto source = m.sparse_source();
+  const std::shared_ptr<const Engine> engine = loaded ? loaded->engine() : nullptr;
   return {{"id", m.config.name},
           {"object", "model"},
           {"created", loaded ? loaded->created : 0},
@@ -53,7 +54,8 @@ json ModelObject(const ServedModel& m) {
           {"context_length", loaded ? loaded->n_ctx : 0},
           {"chat_template", loaded ? loaded->chat_template->name() : ""},
           {"mode", m.mode()},
-          {"placement", source != nullptr ? source->placement : json(nullptr)}};
+          {"placement", engine ? EnginePlacementSummaryJson(*engine) : json(nullptr)},
+          {"runs_on", engine ? RunsOnJson(engine->placement()) : json(nullptr)}};
 }
 
 }  // namespace

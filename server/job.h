@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "engine/runtime/generate.h"
 #include "engine/sampling/sampler.h"
 #include "server/metrics.h"
 #include "server/model_registry.h"
@@ -20,7 +21,9 @@ namespace thermocline::server {
 
 using Clock = std::chrono::steady_clock;
 
-enum class FinishReason { kStop, kLength, kCancelled, kError };
+// How a job ended: the engine's one stop-reason enum (engine/runtime/generate.h), kError and
+// kCancelled included.
+using thermocline::StopReason;
 
 struct GenerationStats {
   int64_t prompt_tokens = 0;
@@ -28,7 +31,6 @@ struct GenerationStats {
   double queue_seconds = 0;    // waiting for a slot
   double ttft_seconds = -1;    // arrival to first token; -1 when none
   double total_seconds = 0;    // arrival to finish
-  bool stop_sequence = false;  // a kStop came from a stop string, not an end-of-generation token
 };
 
 // One generated token's log-probability and its most likely alternatives.
@@ -49,7 +51,7 @@ class GenerationSink {
   // say stop.
   virtual bool OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) = 0;
   // `error` is set when reason is kError; `cancel` says why when reason is kCancelled.
-  virtual void OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
+  virtual void OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
                         const absl::Status& error) = 0;
 };
 

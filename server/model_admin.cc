@@ -9,7 +9,7 @@ nlohmann::json ModelInfoJson(const ModelInfo& info) {
   j["name"] = info.name;
   j["path"] = info.path;
   j["activation"] = info.activation.empty() ? json(nullptr) : json(info.activation);
-  j["state"] = info.state;
+  j["state"] = ModelStateName(info.state);
   j["stage"] = info.stage;
   j["percent"] = info.percent;
   j["eta_s"] = info.eta_s < 0 ? json(nullptr) : json(info.eta_s);
@@ -21,6 +21,9 @@ nlohmann::json ModelInfoJson(const ModelInfo& info) {
   j["updated_at"] = info.updated_at;
   j["placement"] = info.placement;
   j["report"] = info.report;
+  j["runs_on"] = info.runs_on;
+  j["gpu_memory"] = info.gpu_memory.empty() ? json(nullptr) : json(info.gpu_memory);
+  j["gpu_layers"] = info.gpu_layers.empty() ? json(nullptr) : json(info.gpu_layers);
   j["version"] = info.version;
   return j;
 }

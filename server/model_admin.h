@@ -13,21 +13,26 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "server/model_state.h"
 
 namespace thermocline::server {
 
 // What a registration asks for. `name` and `path` are required; `activation` ("relu", "drelu",
 // "silu"; "" = from the file), `corpus` (a text file to profile on; "" = the model samples its
 // own text) and `profile_tokens` (0 = the pipeline's default) are optional.
+// `gpu_memory` ("8G") and `gpu_layers` ("auto", a count) are the GPU options of ModelConfig
+// ("" = the daemon's defaults, `serve --gpu-memory/--gpu-layers`).
 struct RegisterSpec {
   std::string path, name, activation, corpus;
   int64_t profile_tokens = 0;
+  std::string gpu_memory, gpu_layers;
 };
 
 // A snapshot of one registered model.
 struct ModelInfo {
   std::string name, path, activation;
-  std::string state;   // "registered" | "profiling" | "ready" | "failed" | "unloading"
+  ModelState state = ModelState::kRegistered;  // kRegistered, kProfiling, kReady, kFailed,
+                                               // kUnloading (server/model_state.h)
   std::string stage;   // current/last job stage: "", "load", "profile", "predictors", "solve",
                        // "sidecar", "done"
   double percent = 0;  // job progress 0..100
@@ -39,6 +44,8 @@ struct ModelInfo {
   int64_t created_at = 0, updated_at = 0;  // unix seconds
   nlohmann::json placement;  // {"gpu_neurons","cpu_neurons","gpu_memory","objective"} or null
   nlohmann::json report;     // profile summary {"sparsity","recall","layers"} or null
+  nlohmann::json runs_on;    // where its parts run (server/engine_report.h RunsOnJson) or null
+  std::string gpu_memory, gpu_layers;  // the registration's GPU options ("" = the daemon's)
   int64_t version = 0;       // increases on every change (for watchers)
 };
 
@@ -57,7 +64,7 @@ class ModelAdmin {
   virtual std::vector<ModelInfo> List() = 0;
   // Cancels its job, unloads it (in-flight requests finish first) and forgets it. NotFound.
   virtual absl::Status Delete(std::string_view name) = 0;
-  // Cancels its running or queued job; the model stays usable dense (state "failed",
+  // Cancels its running or queued job; the model stays usable dense (state kFailed,
   // last_error "cancelled"). NotFound; FailedPrecondition when no job is running or queued.
   virtual absl::Status Cancel(std::string_view name) = 0;
   // Blocks until the model's version > after_version or the timeout passes; returns the

@@ -9,6 +9,8 @@
 #include "engine/model/llama_model.h"
 #include "engine/util/thread_pool.h"
 #include "offline/pipeline.h"
+#include "offline/sparse_source.h"
+#include "server/engine_report.h"
 #include "server/model_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -162,8 +164,8 @@ absl::StatusOr<ModelJobResult> RunModelJob(const ModelJobSpec& spec, ModelJobObs
   if (absl::Status s = run.Enter(kSidecar); !s.ok()) return s;
   if (absl::Status s = WriteSidecarAtomically(*sidecar, final_path); !s.ok()) return s;
   result.sidecar_path = final_path;
-  result.placement = PlacementSummary(*sidecar);
-  result.report = ReportSummary(*sidecar);
+  result.placement = PlacementSummaryJson(offline::SummarizePlacement(*sidecar));
+  result.report = ProfileSummaryJson(offline::SummarizeProfile(*sidecar));
   observer.OnStageDone(kSidecar.name);
   return result;
 }

@@ -4,6 +4,8 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "engine/util/byte_size.h"
+#include "server/engine_report.h"
 #include "server/errors.h"
 #include "server/model_job.h"
 #include "spdlog/spdlog.h"
@@ -31,13 +33,16 @@ nlohmann::json ParseOrNull(const std::string& text) {
   return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
-// How a registered model is served: dense until its job publishes a sidecar.
-ModelConfig ServedConfig(const ModelRecord& r) {
+// How a registered model is served: dense until its job publishes a sidecar; its GPU options,
+// else the daemon's.
+ModelConfig ServedConfig(const ModelRecord& r, const ServerConfig& daemon) {
   ModelConfig mc;
   mc.path = r.path;
   mc.name = r.name;
   mc.activation = r.activation;
   mc.sparse = "off";
+  mc.gpu_memory = r.gpu_memory.empty() ? daemon.gpu_memory : r.gpu_memory;
+  mc.gpu_layers = r.gpu_layers.empty() ? daemon.gpu_layers : r.gpu_layers;
   return mc;
 }
 
@@ -128,7 +133,7 @@ ModelInfo ModelManager::InfoLocked(const Entry& e) const {
   info.activation = r.activation;
   info.state = r.state;
   info.stage = r.stage;
-  info.percent = r.state == "ready" ? 100 : e.percent;
+  info.percent = r.state == ModelState::kReady ? 100 : e.percent;
   info.eta_s = e.running ? e.eta_s : -1;
   info.last_error = r.last_error;
   info.sidecar_path = r.sidecar_path;
@@ -137,10 +142,14 @@ ModelInfo ModelManager::InfoLocked(const Entry& e) const {
   info.placement = ParseOrNull(r.placement_json);
   info.report = ParseOrNull(r.report_json);
   info.version = e.version;
+  info.gpu_memory = r.gpu_memory;
+  info.gpu_layers = r.gpu_layers;
   info.mode = "dense";
   if (const ServedModel* m = registry_->Lookup(r.name)) {
     info.mode = m->mode();
-    info.loaded = m->loaded() != nullptr;
+    const std::shared_ptr<const LoadedModel> l = m->loaded();
+    info.loaded = l != nullptr;
+    if (l != nullptr) info.runs_on = RunsOnJson(l->engine()->placement());
   }
   return info;
 }
@@ -150,12 +159,12 @@ absl::Status ModelManager::Start() {
   if (!records.ok()) return records.status();
   std::lock_guard<std::mutex> lock(mu_);
   for (ModelRecord& r : *records) {
-    if (r.state == "unloading") {  // a delete that did not finish
+    if (r.state == ModelState::kUnloading) {  // a delete that did not finish
       if (absl::Status s = store_->Delete(r.name); !s.ok()) return s;
       RemoveArtefacts(r.name);
       continue;
     }
-    if (auto added = registry_->Add(ServedConfig(r)); !added.ok()) {
+    if (auto added = registry_->Add(ServedConfig(r, config_)); !added.ok()) {
       spdlog::error("registered model '{}' is not served: {}", r.name,
                     std::string(added.status().message()));
       continue;
@@ -164,7 +173,7 @@ absl::Status ModelManager::Start() {
     e.id = next_id_++;
     e.record = r;
     std::error_code ec;
-    if (r.state == "ready") {
+    if (r.state == ModelState::kReady) {
       if (!r.sidecar_path.empty() && fs::exists(r.sidecar_path, ec)) {
         if (absl::Status s = registry_->UseSidecar(r.name, r.sidecar_path); !s.ok()) {
           spdlog::warn("model '{}': {}", r.name, std::string(s.message()));
@@ -172,15 +181,15 @@ absl::Status ModelManager::Start() {
       } else {
         spdlog::warn("model '{}': its sidecar {} is gone; profiling it again", r.name,
                      r.sidecar_path);
-        e.record.state = "registered";
+        e.record.state = ModelState::kRegistered;
         e.record.stage = "";
         e.record.sidecar_path = "";
         if (absl::Status s = PersistLocked(e); !s.ok()) return s;
         QueueLocked(e);
       }
-    } else if (r.state == "registered" || r.state == "profiling") {
+    } else if (r.state == ModelState::kRegistered || r.state == ModelState::kProfiling) {
       spdlog::info("model '{}': its job was interrupted (state {}, stage '{}'); resuming", r.name,
-                   r.state, r.stage);
+                   ModelStateName(r.state), r.stage);
       QueueLocked(e);
     }
     BumpLocked(e);
@@ -217,6 +226,21 @@ absl::StatusOr<ModelInfo> ModelManager::Register(const RegisterSpec& spec) {
                             "'activation' must be one of relu, drelu, silu");
     }
   }
+  {
+    ModelConfig gpu;
+    gpu.name = spec.name;
+    gpu.gpu_memory = spec.gpu_memory;
+    gpu.gpu_layers = spec.gpu_layers;
+    uint64_t bytes = 0;
+    int64_t layers = 0;
+    if (absl::Status s = ApplyGpuConfig(gpu, &bytes, &layers); !s.ok()) {
+      const bool memory = !spec.gpu_memory.empty() && !ParseByteSize(spec.gpu_memory).ok();
+      return InvalidRequest(memory ? "gpu_memory" : "gpu_layers", "invalid_value",
+                            memory ? "'gpu_memory' must be a byte count such as \"8G\" or "
+                                     "\"512M\""
+                                   : "'gpu_layers' must be \"auto\" or a number of layers");
+    }
+  }
   if (spec.profile_tokens < 0 || spec.profile_tokens > (int64_t{1} << 30)) {
     return InvalidRequest("profile_tokens", "invalid_value",
                           "'profile_tokens' must be in [0, 2^30] (0: the daemon's default)");
@@ -239,6 +263,8 @@ absl::StatusOr<ModelInfo> ModelManager::Register(const RegisterSpec& spec) {
   r.activation = spec.activation;
   r.corpus = corpus;
   r.profile_tokens = spec.profile_tokens > 0 ? spec.profile_tokens : config_.profile_tokens;
+  r.gpu_memory = spec.gpu_memory;
+  r.gpu_layers = spec.gpu_layers;
   r.created_at = r.updated_at = Now();
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -249,7 +275,7 @@ absl::StatusOr<ModelInfo> ModelManager::Register(const RegisterSpec& spec) {
   }
   RemoveArtefacts(r.name);  // of an earlier model of this name
   if (absl::Status s = store_->Insert(r); !s.ok()) return s;
-  if (auto added = registry_->Add(ServedConfig(r)); !added.ok()) {
+  if (auto added = registry_->Add(ServedConfig(r, config_)); !added.ok()) {
     store_->Delete(r.name).IgnoreError();
     return added.status();
   }
@@ -292,7 +318,7 @@ absl::Status ModelManager::Delete(std::string_view name) {
       return NotFound("model_not_found",
                       absl::StrCat("no registered model named '", ToAbsl(name), "'"));
     }
-    e->record.state = "unloading";  // durable first: a crash now finishes the delete at start
+    e->record.state = ModelState::kUnloading;  // durable first: a crash now finishes the delete at start
     if (absl::Status s = PersistLocked(*e); !s.ok()) return s;
     running = e->running;
     if (e->cancel) e->cancel->store(true);
@@ -323,7 +349,7 @@ absl::Status ModelManager::Cancel(std::string_view name) {
     const std::string key(name);
     std::erase_if(queue_, [&](const auto& q) { return q.first == key; });
     e->queued = false;
-    e->record.state = "failed";
+    e->record.state = ModelState::kFailed;
     e->record.last_error =
         "cancelled before it started; the model is served dense (register it again to profile)";
     if (absl::Status s = PersistLocked(*e); !s.ok()) return s;
@@ -331,7 +357,7 @@ absl::Status ModelManager::Cancel(std::string_view name) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "model '", ToAbsl(name), "' has no running or queued job (state ", e->record.state, ")"));
+      "model '", ToAbsl(name), "' has no running or queued job (state ", ModelStateName(e->record.state), ")"));
 }
 
 absl::StatusOr<ModelInfo> ModelManager::WaitForChange(std::string_view name, int64_t after_version,
@@ -382,7 +408,7 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     e->job_start = std::chrono::steady_clock::now();
     e->percent = 0;
     e->eta_s = -1;
-    e->record.state = "profiling";
+    e->record.state = ModelState::kProfiling;
     e->record.last_error = "";
     if (absl::Status s = PersistLocked(*e); !s.ok()) {
       spdlog::error("model '{}': {}", name, std::string(s.message()));
@@ -449,7 +475,7 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     e->record.placement_json = result->placement.dump();
     e->record.report_json = result->report.dump();
     e->record.stage = "done";
-    e->record.state = "ready";
+    e->record.state = ModelState::kReady;
     e->percent = 100;
     e->eta_s = 0;
   } else if (absl::IsCancelled(result.status()) && stopping_) {
@@ -457,7 +483,7 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     spdlog::info("job '{}' interrupted by shutdown; it resumes at the next start", name);
     return;
   } else {
-    e->record.state = "failed";
+    e->record.state = ModelState::kFailed;
     e->record.last_error =
         absl::IsCancelled(result.status())
             ? "cancelled; the model is served dense (register it again to profile it)"
@@ -474,7 +500,7 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     e = FindLocked(name);
     if (e == nullptr || e->id != id) return;
     if (!s.ok()) {
-      e->record.state = "failed";
+      e->record.state = ModelState::kFailed;
       e->record.last_error = absl::StrCat("the sidecar does not load: ", s.message());
       PersistLocked(*e).IgnoreError();
     }

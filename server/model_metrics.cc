@@ -41,21 +41,24 @@ std::string RenderModelMetrics(const ModelRegistry& registry) {
   Header(&sparse, "thermocline_model_sparse", "1 when the model is served sparse, 0 when dense.",
          "gauge");
   Header(&gpu, "thermocline_model_gpu_neurons",
-         "FFN neurons the model's placement puts on the GPU.", "gauge");
+         "FFN neurons the model computes on the GPU (0 when no device runs it).", "gauge");
   Header(&cpu, "thermocline_model_cpu_neurons",
-         "FFN neurons the model's placement leaves on the CPU.", "gauge");
+         "FFN neurons the model computes on the CPU.", "gauge");
   for (const ServedModel* m : models) {
-    const auto source = m->sparse_source();
+    const std::shared_ptr<const LoadedModel> l = m->loaded();
+    const std::shared_ptr<const Engine> engine = l ? l->engine() : nullptr;
+    const SparsePlan* plan = engine ? engine->sparse_plan() : nullptr;
     const std::string label = absl::StrCat("{model=\"", m->config.name, "\"}");
     absl::StrAppend(&loaded, "thermocline_model_loaded", label, " ", m->loaded() != nullptr ? 1 : 0,
                     "\n");
-    absl::StrAppend(&sparse, "thermocline_model_sparse", label, " ", source != nullptr ? 1 : 0,
+    absl::StrAppend(&sparse, "thermocline_model_sparse", label, " ", plan != nullptr ? 1 : 0,
                     "\n");
-    if (source != nullptr) {
-      absl::StrAppend(&gpu, "thermocline_model_gpu_neurons", label, " ",
-                      source->placement.value("gpu_neurons", int64_t{0}), "\n");
+    if (plan != nullptr) {
+      // Where the neurons run now: the solved placement as this machine realised it.
+      const EnginePlacement p = engine->placement();
+      absl::StrAppend(&gpu, "thermocline_model_gpu_neurons", label, " ", p.gpu_neurons, "\n");
       absl::StrAppend(&cpu, "thermocline_model_cpu_neurons", label, " ",
-                      source->placement.value("cpu_neurons", int64_t{0}), "\n");
+                      p.ffn_neurons - p.gpu_neurons, "\n");
     }
   }
   return out + loaded + sparse + gpu + cpu;

@@ -5,54 +5,11 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "offline/sparse_loader.h"
+#include "offline/sparse_source.h"
 #include "server/errors.h"
 #include "spdlog/spdlog.h"
 
 namespace thermocline::server {
-
-const char* ModelStateName(ModelState s) {
-  switch (s) {
-    case ModelState::kLoading:
-      return "loading";
-    case ModelState::kReady:
-      return "ready";
-    case ModelState::kFailed:
-      return "failed";
-    case ModelState::kUnloading:
-      return "unloading";
-    case ModelState::kUnloaded:
-      return "unloaded";
-  }
-  return "?";
-}
-
-nlohmann::json PlacementSummary(const offline::Sidecar& sidecar) {
-  int64_t gpu = 0;
-  for (const offline::SidecarLayer& l : sidecar.layers) gpu += l.n_gpu;
-  const int64_t total = sidecar.n_layer * sidecar.n_ff;
-  const offline::SidecarPlacement& p = sidecar.placement;
-  return {{"gpu_neurons", gpu},
-          {"cpu_neurons", total - gpu},
-          {"gpu_memory", p.present ? p.gpu_bytes : 0},
-          {"objective", p.present ? nlohmann::json(p.objective) : nlohmann::json(nullptr)},
-          {"hardware", p.present ? nlohmann::json(p.hardware) : nlohmann::json(nullptr)},
-          {"solved", p.present}};
-}
-
-nlohmann::json ReportSummary(const offline::Sidecar& sidecar) {
-  double sparsity = 0, recall = 0;
-  for (const offline::SidecarLayer& l : sidecar.layers) {
-    sparsity += l.sparsity;
-    recall += l.recall;
-  }
-  const double n = std::max<double>(1, static_cast<double>(sidecar.layers.size()));
-  return {{"sparsity", sparsity / n},
-          {"recall", recall / n},
-          {"layers", sidecar.layers.size()},
-          {"tokens", sidecar.tokens},
-          {"corpus", sidecar.corpus_kind}};
-}
 
 LoadedModel::LoadedModel(ServedModel* served, std::shared_ptr<ResidentMemory> resident,
                          int64_t bytes)
@@ -61,25 +18,19 @@ LoadedModel::LoadedModel(ServedModel* served, std::shared_ptr<ResidentMemory> re
   resident_->bytes.fetch_add(bytes);
 }
 
-absl::StatusOr<std::shared_ptr<const SparseWeights>> LoadedModel::SparseWeightsFor(
-    const std::shared_ptr<const SparseSource>& source, ThreadPool& pool) const {
-  std::lock_guard<std::mutex> lock(sparse_mu_);
-  if (sparse_for_ != source || sparse_weights_ == nullptr) {
-    sparse_weights_.reset();  // the old copy goes once no slot uses it
-    resident_->bytes.fetch_sub(sparse_bytes_.exchange(0));
-    sparse_for_ = source;
-    auto plan = offline::SparsePlanFromSidecar(source->sidecar, *model);
-    if (!plan.ok()) return plan.status();
-    auto weights = SparseWeights::Build(*model, *std::move(plan), pool);
-    if (!weights.ok()) return weights.status();
-    sparse_weights_ = *std::move(weights);
-    // Charged like the weights: the next load that needs room counts them.
-    const int64_t b = static_cast<int64_t>(sparse_weights_->bytes());
-    resident_->bytes.fetch_add(b - sparse_bytes_.exchange(b));
-    spdlog::info("model '{}': sparse rows in firing order, {} MiB", served->config.name,
-                 sparse_weights_->bytes() >> 20);
+std::shared_ptr<const Engine> LoadedModel::engine() const {
+  std::lock_guard<std::mutex> lock(engine_mu_);
+  return engine_;
+}
+
+void LoadedModel::SetEngine(std::shared_ptr<const Engine> engine) const {
+  const int64_t b = static_cast<int64_t>(engine->host_bytes());
+  {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    engine_ = std::move(engine);  // the old one goes once no slot uses it
   }
-  return sparse_weights_;
+  // Charged like the weights: the next load that needs room counts them.
+  resident_->bytes.fetch_add(b - engine_bytes_.exchange(b));
 }
 
 LoadedModel::~LoadedModel() {
@@ -129,27 +80,23 @@ std::string ServedModel::error() const {
   return error_;
 }
 
-std::shared_ptr<const SparseSource> ServedModel::sparse_source() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return sparse_;
-}
-
-void ServedModel::set_sparse_source(std::shared_ptr<const SparseSource> source) {
-  std::lock_guard<std::mutex> lock(mu_);
-  sparse_ = std::move(source);
-}
-
 const char* ServedModel::mode() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (sparse_ != nullptr) return "sparse";
-  const ModelState s = state.load(std::memory_order_acquire);
-  const bool unloaded = s == ModelState::kUnloaded || s == ModelState::kUnloading;
-  if (unloaded && !pending_sidecar_.empty()) return "sparse";
-  return "dense";
+  if (loaded_ != nullptr) {
+    return loaded_->engine() != nullptr && loaded_->engine()->sparse_plan() != nullptr ? "sparse"
+                                                                                       : "dense";
+  }
+  return pending_sidecar_.empty() ? "dense" : "sparse";
 }
 
-ModelRegistry::ModelRegistry(const std::vector<ModelConfig>& configs, int64_t memory_budget)
-    : memory_budget_(memory_budget) {
+std::string ServedModel::sidecar_path() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loaded_ != nullptr ? sidecar_ : pending_sidecar_;
+}
+
+ModelRegistry::ModelRegistry(const std::vector<ModelConfig>& configs,
+                             const RegistryOptions& options)
+    : memory_budget_(options.memory_budget), options_(options) {
   for (const ModelConfig& c : configs) {
     auto m = std::make_unique<ServedModel>();
     m->config = c;
@@ -158,61 +105,57 @@ ModelRegistry::ModelRegistry(const std::vector<ModelConfig>& configs, int64_t me
   }
 }
 
-namespace {
-
-absl::StatusOr<std::shared_ptr<const SparseSource>> LoadSource(const std::string& path,
-                                                               const LlamaModel& model) {
-  auto sidecar = offline::LoadSidecarFor(path, model);
-  if (!sidecar.ok()) return sidecar.status();
-  // Built once here so that a sidecar the engine cannot use fails now, not in a slot.
-  auto plan = offline::SparsePlanFromSidecar(*sidecar, model);
-  if (!plan.ok()) return plan.status();
-  auto source = std::make_shared<SparseSource>();
-  source->placement = PlacementSummary(*sidecar);
-  source->report = ReportSummary(*sidecar);
-  source->sidecar = std::move(*sidecar);
-  source->path = path;
-  return std::shared_ptr<const SparseSource>(std::move(source));
-}
-
-}  // namespace
-
-absl::StatusOr<std::shared_ptr<const SparseSource>> ModelRegistry::ResolveSparse(
-    ServedModel* m, const LlamaModel& model) {
+absl::StatusOr<std::optional<SparsePlan>> ModelRegistry::ResolveSparse(ServedModel* m,
+                                                                       const LlamaModel& model,
+                                                                       std::string* sidecar) {
   const ModelConfig& c = m->config;
-  std::string path;
+  std::string pending;
   {
     std::lock_guard<std::mutex> lock(m->mu_);
-    path = m->pending_sidecar_;
+    pending = m->pending_sidecar_;
   }
-  if (path.empty() && c.sparse == "off") return std::shared_ptr<const SparseSource>();
-  bool explicit_path = !path.empty() || !c.sidecar.empty();
-  if (path.empty()) path = c.sidecar;
-  if (path.empty()) {
-    const std::string beside = c.path + ".thermo.gguf";
-    std::error_code ec;
-    if (std::filesystem::exists(beside, ec)) path = beside;
-  }
-  if (path.empty()) {
-    if (c.sparse == "on") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sparse = \"on\" needs a sidecar: set `sidecar` (or --sidecar FILE), or put ", c.path,
-          ".thermo.gguf beside the model (thermocline profile makes one)"));
+  offline::SparseRequest request;
+  absl::StatusOr<offline::SparseMode> mode = offline::ParseSparseMode(c.sparse, "sparse =");
+  if (!mode.ok()) return mode.status();
+  request.mode = pending.empty() ? *mode : offline::SparseMode::kOn;
+  request.sidecar = pending.empty() ? c.sidecar : pending;
+  request.model_path = c.path;
+  absl::StatusOr<offline::ResolvedSparse> resolved = offline::ResolveSparsePlan(model, request);
+  if (!resolved.ok()) {
+    // A registered model stays usable dense when its job's sidecar cannot be used.
+    if (m->registered) {
+      spdlog::warn("model '{}': {}; serving dense", c.name, std::string(resolved.status().message()));
+      return std::optional<SparsePlan>();
     }
-    return std::shared_ptr<const SparseSource>();
+    return resolved.status();
   }
-  auto source = LoadSource(path, model);
-  if (!source.ok()) {
-    // A configured model whose sidecar was named fails; a registered one stays usable dense.
-    if ((c.sparse == "auto" && !explicit_path) || m->registered) {
-      spdlog::warn("model '{}': ignoring {} ({}); serving dense", c.name, path,
-                   std::string(source.status().message()));
-      return std::shared_ptr<const SparseSource>();
+  if (!resolved->warning.empty()) spdlog::warn("model '{}': {}", c.name, resolved->warning);
+  if (resolved->plan.has_value()) *sidecar = resolved->plan->sidecar_path;
+  return std::move(resolved->plan);
+}
+
+absl::StatusOr<std::shared_ptr<const Engine>> ModelRegistry::BuildEngine(
+    const ServedModel* m, const LoadedModel& l, std::optional<SparsePlan> plan) {
+  EngineOptions options;
+  options.n_ctx = l.n_ctx;
+  options.max_batch = options_.max_batch;
+  if (absl::Status s = ApplyGpuConfig(m->config, &options.gpu_memory, &options.gpu_layers);
+      !s.ok()) {
+    return s;
+  }
+  ThreadPool pool(std::max(1, options_.build_threads));
+  absl::StatusOr<std::shared_ptr<const Engine>> engine =
+      Engine::Create(*l.model, std::move(plan), options, pool);
+  if (!engine.ok()) return engine.status();
+  const EnginePlacement p = (*engine)->placement();
+  if (p.gpu_requested) {
+    if (p.device.empty()) {
+      spdlog::warn("model '{}': no GPU ({}); serving from the CPU", m->config.name, p.note);
+    } else {
+      spdlog::info("model '{}': {}", m->config.name, DescribePlacement(p));
     }
-    return absl::Status(source.status().code(),
-                        absl::StrCat("sidecar ", path, ": ", source.status().message()));
   }
-  return source;
+  return engine;
 }
 
 namespace {
@@ -269,10 +212,13 @@ absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
   const auto start = std::chrono::steady_clock::now();
   m->state.store(ModelState::kLoading, std::memory_order_release);
   absl::StatusOr<std::shared_ptr<LoadedModel>> l = Load(m);
-  absl::StatusOr<std::shared_ptr<const SparseSource>> sparse =
-      l.ok() ? ResolveSparse(m, *(*l)->model) : l.status();
-  if (!sparse.ok()) {
-    const absl::Status& s = sparse.status();
+  std::string sidecar;
+  absl::StatusOr<std::optional<SparsePlan>> plan =
+      l.ok() ? ResolveSparse(m, *(*l)->model, &sidecar) : l.status();
+  absl::StatusOr<std::shared_ptr<const Engine>> engine =
+      plan.ok() ? BuildEngine(m, **l, *std::move(plan)) : plan.status();
+  if (!engine.ok()) {
+    const absl::Status& s = engine.status();
     {
       std::lock_guard<std::mutex> lock(m->mu_);
       m->error_ = std::string(s.message());
@@ -282,20 +228,24 @@ absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
                                                "): ", s.message()));
   }
   (*l)->created = static_cast<int64_t>(std::time(nullptr));
+  (*l)->SetEngine(*engine);
   const std::shared_ptr<const LoadedModel> loaded = std::move(*l);
   {
     std::lock_guard<std::mutex> lock(m->mu_);
     m->loaded_ = loaded;
-    m->sparse_ = *sparse;
+    m->sidecar_ = sidecar;
   }
   m->state.store(ModelState::kReady, std::memory_order_release);
-  const auto& source = *sparse;
+  const SparsePlan* sparse = (*engine)->sparse_plan();
   spdlog::info(
       "model '{}' ready: {} layers, vocab {}, context {}, chat template {}, {}{}, {} MiB "
       "({:.2f} s)",
       m->config.name, loaded->model->hparams().n_layer, loaded->model->hparams().n_vocab,
       loaded->n_ctx, loaded->chat_template->name(), m->mode(),
-      source ? absl::StrCat(" (", source->path, ", ", source->placement.dump(), ")") : "",
+      sparse != nullptr ? absl::StrCat(" (", SparseSourceName(sparse->source),
+                                       sidecar.empty() ? "" : " ", sidecar, ", ",
+                                       (*engine)->host_bytes() >> 20, " MiB of sparse copies)")
+                        : "",
       loaded->bytes >> 20,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();
@@ -307,9 +257,8 @@ void ModelRegistry::UnloadLocked(ServedModel* m, const char* why) {
     std::lock_guard<std::mutex> lock(m->mu_);
     l = std::move(m->loaded_);
     // Loaded again, it is served as now (the sidecar is read again then).
-    if (m->sparse_ != nullptr && m->pending_sidecar_.empty())
-      m->pending_sidecar_ = m->sparse_->path;
-    m->sparse_.reset();
+    if (!m->sidecar_.empty() && m->pending_sidecar_.empty()) m->pending_sidecar_ = m->sidecar_;
+    m->sidecar_.clear();
   }
   if (l == nullptr) return;
   m->unloading_.fetch_add(1);
@@ -488,14 +437,24 @@ absl::Status ModelRegistry::UseSidecar(std::string_view name, const std::string&
   }
   const std::shared_ptr<const LoadedModel> l = m->loaded();
   if (l == nullptr) return absl::OkStatus();  // used when it loads
-  if (sidecar_path.empty()) {
-    m->set_sparse_source(nullptr);
-    return absl::OkStatus();
+  std::optional<SparsePlan> plan;
+  if (!sidecar_path.empty()) {
+    absl::StatusOr<SparsePlan> p = offline::LoadSparsePlan(sidecar_path, *l->model);
+    if (!p.ok()) return p.status();
+    plan = *std::move(p);
   }
-  auto source = LoadSource(sidecar_path, *l->model);
-  if (!source.ok()) return source.status();
-  m->set_sparse_source(std::move(*source));
-  spdlog::info("model '{}' now served sparse from {}", m->config.name, sidecar_path);
+  absl::StatusOr<std::shared_ptr<const Engine>> engine = BuildEngine(m, *l, std::move(plan));
+  if (!engine.ok()) return engine.status();
+  l->SetEngine(*std::move(engine));
+  {
+    std::lock_guard<std::mutex> lock(m->mu_);
+    m->sidecar_ = sidecar_path;
+  }
+  if (sidecar_path.empty()) {
+    spdlog::info("model '{}' now served dense", m->config.name);
+  } else {
+    spdlog::info("model '{}' now served sparse from {}", m->config.name, sidecar_path);
+  }
   return absl::OkStatus();
 }
 

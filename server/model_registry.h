@@ -10,8 +10,8 @@
 // ModelLease on it and every slot session a shared_ptr. Unloading only drops the registry's
 // reference and asks the slots to drop their idle sessions, so the memory is freed when the last
 // request on it ends, never under one. The lifecycle is an explicit state; health, the model
-// list and the metrics derive from it. Each model may carry a sparse source (a validated
-// sidecar) that the slots pick up between requests.
+// list and the metrics derive from it. Each load holds the model's engine (engine/runtime/
+// engine.h: dense or sparse, and where its parts run), which the slots pick up between requests.
 #pragma once
 
 #include <atomic>
@@ -27,32 +27,22 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/llama_model.h"
-#include "engine/sparse/sparse_ffn.h"
+#include "engine/runtime/engine.h"
+#include "engine/sparse/sparse_plan.h"
 #include "engine/util/thread_pool.h"
 #include "nlohmann/json.hpp"
-#include "offline/sidecar/sidecar.h"
 #include "server/chat_template.h"
 #include "server/config.h"
+#include "server/model_state.h"
 #include "server/prompt_encoder.h"
 
 namespace thermocline::server {
 
-// kUnloaded: known, weights not in memory (a registered model before its first request, or one
-// the memory budget unloaded). kUnloading: unloaded by the registry while requests still run on
-// it; it becomes kUnloaded when the last of them ends and its memory is freed.
-enum class ModelState { kLoading, kReady, kFailed, kUnloading, kUnloaded };
-const char* ModelStateName(ModelState s);
-
-// A sidecar checked against the served model: what the slots build their SparseFfn from.
-struct SparseSource {
-  offline::Sidecar sidecar;
-  std::string path;
-  nlohmann::json placement;  // {"gpu_neurons","cpu_neurons","gpu_memory","objective"} or null
-  nlohmann::json report;     // {"sparsity","recall","layers"}
-};
-// The summaries of a sidecar (also what the admin API shows).
-nlohmann::json PlacementSummary(const offline::Sidecar& sidecar);
-nlohmann::json ReportSummary(const offline::Sidecar& sidecar);
+// ServedModel::state takes kLoading, kReady, kFailed, kUnloading, kUnloaded (server/
+// model_state.h). kUnloaded: known, weights not in memory (a registered model before its first
+// request, or one the memory budget unloaded). kUnloading: unloaded by the registry while
+// requests still run on it; it becomes kUnloaded when the last of them ends and its memory is
+// freed.
 
 struct ServedModel;
 
@@ -74,8 +64,8 @@ struct LoadedModel {
   int64_t n_ctx = 0;                        // context of each slot's session
   int64_t created = 0;                      // unix seconds when it became ready
   int64_t bytes = 0;  // charged against the budget: the GGUF file's size (it is mapped)
-  // What the budget counts: bytes plus the sparse FFN copies built for this load.
-  int64_t charged_bytes() const { return bytes + sparse_bytes_.load(std::memory_order_relaxed); }
+  // What the budget counts: bytes plus the engine's sparse FFN copies.
+  int64_t charged_bytes() const { return bytes + engine_bytes_.load(std::memory_order_relaxed); }
 
   LoadedModel(ServedModel* served, std::shared_ptr<ResidentMemory> resident, int64_t bytes);
   ~LoadedModel();  // the served model turns kUnloaded when this was its unloaded instance
@@ -88,11 +78,11 @@ struct LoadedModel {
   bool unloaded() const { return unloaded_.load(std::memory_order_acquire); }
   // Requests using it now: leases not ended (the LRU prefers to unload a model with none).
   int leases() const { return leases_.load(std::memory_order_relaxed); }
-  // The sparse FFN weights of this load for `source` (rows in firing order, down_t), built by
-  // the first slot that asks, over its pool, and shared by every slot: one copy per load and
-  // sidecar, freed with the load. A different source replaces the cached one.
-  absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeightsFor(
-      const std::shared_ptr<const SparseSource>& source, ThreadPool& pool) const;
+  // The engine requests run on (engine/runtime/engine.h): dense or sparse, with its device
+  // placement; its sparse copies are shared by every slot. Replaced when the model's sidecar
+  // changes (ModelRegistry::UseSidecar); a slot picks up the new one between jobs, and the old
+  // one is freed when the last slot has let go of it. Never null once published. Thread-safe.
+  std::shared_ptr<const Engine> engine() const;
 
  private:
   friend class ModelRegistry;
@@ -100,10 +90,12 @@ struct LoadedModel {
   mutable std::atomic<int> leases_{0};
   mutable std::atomic<bool> unloaded_{false};
   std::shared_ptr<ResidentMemory> resident_;
-  mutable std::mutex sparse_mu_;  // guards the two below; held while building (seconds, once)
-  mutable std::shared_ptr<const SparseSource> sparse_for_;
-  mutable std::shared_ptr<const SparseWeights> sparse_weights_;
-  mutable std::atomic<int64_t> sparse_bytes_{0};  // sparse_weights_->bytes(), charged
+  // Replaces the engine (the one part of a published load that changes) and charges its host
+  // bytes.
+  void SetEngine(std::shared_ptr<const Engine> engine) const;
+  mutable std::mutex engine_mu_;  // guards engine_
+  mutable std::shared_ptr<const Engine> engine_;
+  mutable std::atomic<int64_t> engine_bytes_{0};  // engine_->host_bytes(), charged
 };
 
 // A request's hold on a loaded model: keeps it in memory and counts it as busy until EndUse.
@@ -148,28 +140,35 @@ struct ServedModel {
   bool ready() const { return state.load(std::memory_order_acquire) == ModelState::kReady; }
   // Why it failed to load (kFailed). Thread-safe.
   std::string error() const;
-  // Thread-safe. null: served dense.
-  std::shared_ptr<const SparseSource> sparse_source() const;
   // "sparse" or "dense": how requests are served (an unloaded model: once it loads).
+  // Thread-safe.
   const char* mode() const;
+  // The sidecar the model is served from, or will be once it loads; "" when none. Thread-safe.
+  std::string sidecar_path() const;
 
  private:
   friend class ModelRegistry;
   friend struct LoadedModel;
-  void set_sparse_source(std::shared_ptr<const SparseSource> source);
-  // guards loaded_, sparse_, pending_sidecar_, error_; a leaf lock
+  // guards loaded_, sidecar_, pending_sidecar_, error_; a leaf lock
   mutable std::mutex mu_;
   std::shared_ptr<const LoadedModel> loaded_;
-  std::shared_ptr<const SparseSource> sparse_;
+  std::string sidecar_;          // the loaded engine's sidecar ("" dense or not from a sidecar)
   std::string pending_sidecar_;  // to use when the (unloaded) model loads
   std::string error_;
   std::atomic<int> unloading_{0};  // unloaded instances still alive (in use)
 };
 
+// How the registry builds each model's engine.
+struct RegistryOptions {
+  int64_t memory_budget = 0;  // bytes of models loaded at once (0: unlimited)
+  int64_t max_batch = 64;     // prefill chunk of every session
+  int build_threads = 1;      // threads that build the sparse copies at load
+};
+
 class ModelRegistry {
  public:
-  // `memory_budget`: bytes of models loaded at once (0: unlimited).
-  explicit ModelRegistry(const std::vector<ModelConfig>& configs, int64_t memory_budget = 0);
+  explicit ModelRegistry(const std::vector<ModelConfig>& configs,
+                         const RegistryOptions& options = {});
 
   // Loads every configured model in order (blocking; run it on a loader thread); under a memory
   // budget the ones that do not fit are unloaded again once checked. Returns the first error;
@@ -224,11 +223,17 @@ class ModelRegistry {
   // Drops the registry's reference to m's instance. load_mu_ held.
   void UnloadLocked(ServedModel* m, const char* why);
   void NotifyUnloaded();
-  // The sidecar a model should use at load: explicit, pending, or beside the model (auto).
-  absl::StatusOr<std::shared_ptr<const SparseSource>> ResolveSparse(ServedModel* m,
-                                                                    const LlamaModel& model);
+  // The sparse plan a model should use at load: its pending sidecar (from its job), the config's
+  // (offline::ResolveSparsePlan: explicit, beside the model, a PowerInfer file's own), or dense.
+  absl::StatusOr<std::optional<SparsePlan>> ResolveSparse(ServedModel* m, const LlamaModel& model,
+                                                          std::string* sidecar);
+  // The model's engine over `plan`, with the config's GPU options.
+  absl::StatusOr<std::shared_ptr<const Engine>> BuildEngine(const ServedModel* m,
+                                                            const LoadedModel& l,
+                                                            std::optional<SparsePlan> plan);
 
   const int64_t memory_budget_;
+  const RegistryOptions options_;
   const std::shared_ptr<ResidentMemory> resident_ = std::make_shared<ResidentMemory>();
   std::atomic<uint64_t> use_clock_{0};
   std::atomic<bool> started_{false};

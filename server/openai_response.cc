@@ -178,8 +178,9 @@ ResponseMeta NewResponseMeta(const GenerationRequest& request, const Tokenizer& 
   return m;
 }
 
-const char* FinishReasonText(FinishReason reason) {
-  return reason == FinishReason::kStop ? "stop" : "length";
+const char* FinishReasonText(StopReason reason) {
+  return reason == StopReason::kEndOfGeneration || reason == StopReason::kStopSequence ? "stop"
+                                                                                      : "length";
 }
 
 void AppendRoleEvent(const ResponseMeta& meta, std::string* out) {

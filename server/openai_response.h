@@ -28,7 +28,7 @@ struct ResponseMeta {
 
 ResponseMeta NewResponseMeta(const GenerationRequest& request, const Tokenizer& tokenizer);
 // "stop" or "length" (cancellations by deadline end as "length").
-const char* FinishReasonText(FinishReason reason);
+const char* FinishReasonText(StopReason reason);
 
 void AppendRoleEvent(const ResponseMeta& meta, std::string* out);  // chat: the first chunk
 void AppendDeltaEvent(const ResponseMeta& meta, std::string_view text,

@@ -13,7 +13,8 @@
 namespace thermocline::server {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// 2: gpu_memory and gpu_layers (the registration's GPU options).
+constexpr int kSchemaVersion = 2;
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS models (
   name TEXT PRIMARY KEY NOT NULL,
@@ -31,12 +32,18 @@ CREATE TABLE IF NOT EXISTS models (
   report_json TEXT NOT NULL,
   last_error TEXT NOT NULL,
   created_at INTEGER NOT NULL,
-  updated_at INTEGER NOT NULL
+  updated_at INTEGER NOT NULL,
+  gpu_memory TEXT NOT NULL DEFAULT '',
+  gpu_layers TEXT NOT NULL DEFAULT ''
 );
 )sql";
+constexpr char kAddGpuColumns[] =
+    "ALTER TABLE models ADD COLUMN gpu_memory TEXT NOT NULL DEFAULT '';"
+    "ALTER TABLE models ADD COLUMN gpu_layers TEXT NOT NULL DEFAULT '';";
 constexpr char kColumns[] =
     "name, path, file_size, file_mtime, file_hash, activation, corpus, profile_tokens, state, "
-    "stage, sidecar_path, placement_json, report_json, last_error, created_at, updated_at";
+    "stage, sidecar_path, placement_json, report_json, last_error, created_at, updated_at, "
+    "gpu_memory, gpu_layers";
 
 absl::Status SqlError(sqlite3* db, const std::string& what) {
   return absl::InternalError(absl::StrCat("registry database: ", what, ": ", sqlite3_errmsg(db)));
@@ -111,6 +118,9 @@ absl::StatusOr<std::unique_ptr<RegistryStore>> RegistryStore::Open(const std::st
     return absl::FailedPreconditionError(absl::StrCat(
         path, " was written by a newer thermocline (schema ", version, "); upgrade thermocline"));
   }
+  if (version == 1) {
+    if (absl::Status s = store->Exec(kAddGpuColumns); !s.ok()) return s;
+  }
   if (version < kSchemaVersion) {
     if (absl::Status s =
             store->Exec(absl::StrCat("PRAGMA user_version=", kSchemaVersion, ";").c_str());
@@ -154,7 +164,9 @@ absl::StatusOr<std::vector<ModelRecord>> RegistryStore::LoadAll() {
     r.activation = ColumnText(s.stmt, i++);
     r.corpus = ColumnText(s.stmt, i++);
     r.profile_tokens = sqlite3_column_int64(s.stmt, i++);
-    r.state = ColumnText(s.stmt, i++);
+    const std::string state = ColumnText(s.stmt, i++);
+    // A state this build does not know (a hand-edited row) is shown as failed, with why.
+    r.state = ParseModelState(state).value_or(ModelState::kFailed);
     r.stage = ColumnText(s.stmt, i++);
     r.sidecar_path = ColumnText(s.stmt, i++);
     r.placement_json = ColumnText(s.stmt, i++);
@@ -162,6 +174,11 @@ absl::StatusOr<std::vector<ModelRecord>> RegistryStore::LoadAll() {
     r.last_error = ColumnText(s.stmt, i++);
     r.created_at = sqlite3_column_int64(s.stmt, i++);
     r.updated_at = sqlite3_column_int64(s.stmt, i++);
+    r.gpu_memory = ColumnText(s.stmt, i++);
+    r.gpu_layers = ColumnText(s.stmt, i++);
+    if (!ParseModelState(state)) {
+      r.last_error = absl::StrCat("registry.db holds an unknown state '", state, "'");
+    }
     out.push_back(std::move(r));
   }
   if (rc != SQLITE_DONE) return SqlError(db_, "reading the models");
@@ -173,12 +190,12 @@ absl::Status RegistryStore::Write(const ModelRecord& r, bool insert) {
   Statement s;
   const std::string sql =
       insert ? absl::StrCat("INSERT INTO models (", kColumns,
-                            ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16);")
+                            ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18);")
              : std::string(
                    "UPDATE models SET path=?2, file_size=?3, file_mtime=?4, file_hash=?5, "
                    "activation=?6, corpus=?7, profile_tokens=?8, state=?9, stage=?10, "
                    "sidecar_path=?11, placement_json=?12, report_json=?13, last_error=?14, "
-                   "created_at=?15, updated_at=?16 WHERE name=?1;");
+                   "created_at=?15, updated_at=?16, gpu_memory=?17, gpu_layers=?18 WHERE name=?1;");
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &s.stmt, nullptr) != SQLITE_OK) {
     return SqlError(db_, "preparing a write");
   }
@@ -195,7 +212,7 @@ absl::Status RegistryStore::Write(const ModelRecord& r, bool insert) {
   text(r.activation);
   text(r.corpus);
   integer(r.profile_tokens);
-  text(r.state);
+  text(ModelStateName(r.state));
   text(r.stage);
   text(r.sidecar_path);
   text(r.placement_json);
@@ -203,6 +220,8 @@ absl::Status RegistryStore::Write(const ModelRecord& r, bool insert) {
   text(r.last_error);
   integer(r.created_at);
   integer(r.updated_at);
+  text(r.gpu_memory);
+  text(r.gpu_layers);
   const int rc = sqlite3_step(s.stmt);
   if (insert && rc == SQLITE_CONSTRAINT) {
     return absl::AlreadyExistsError(absl::StrCat("a model named '", r.name, "' already exists"));

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/model_state.h"
 
 struct sqlite3;
 
@@ -36,14 +37,17 @@ struct ModelRecord {
   std::string activation;  // override; "" = from the file
   std::string corpus;      // "" = self-generated text
   int64_t profile_tokens = 0;
-  std::string state = "registered";  // registered | profiling | ready | failed | unloading
-  std::string stage;                 // last finished or current job stage
+  // kRegistered, kProfiling, kReady, kFailed, kUnloading (a delete in progress)
+  ModelState state = ModelState::kRegistered;
+  std::string stage;  // last finished or current job stage
   std::string sidecar_path;
   std::string placement_json;  // "" = none
   std::string report_json;     // "" = none
   std::string last_error;
   int64_t created_at = 0;
   int64_t updated_at = 0;
+  std::string gpu_memory;  // ModelConfig::gpu_memory of the registration; "" = the daemon's
+  std::string gpu_layers;  // ModelConfig::gpu_layers of the registration; "" = the daemon's
 };
 
 class RegistryStore {

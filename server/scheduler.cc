@@ -16,7 +16,6 @@ Scheduler::~Scheduler() { Shutdown(); }
 absl::Status Scheduler::Start(const ModelRegistry& registry) {
   DecodeLoopOptions options;
   options.threads = config_.threads_per_slot;
-  options.max_batch = config_.max_batch;
   options.decode_delay_ms = config_.decode_delay_ms;
   std::vector<std::unique_ptr<DecodeLoop>> loops;
   for (int s = 0; s < config_.slots; ++s) {
@@ -77,7 +76,7 @@ void Scheduler::FinishUnrun(const std::shared_ptr<Job>& job, CancelReason reason
   stats.prompt_tokens = static_cast<int64_t>(job->request.prompt.size());
   stats.total_seconds = std::chrono::duration<double>(Clock::now() - job->arrival).count();
   stats.queue_seconds = stats.total_seconds;
-  job->sink->OnFinish(FinishReason::kCancelled, reason, stats, absl::OkStatus());
+  job->sink->OnFinish(StopReason::kCancelled, reason, stats, absl::OkStatus());
 }
 
 void Scheduler::Cancel(const std::shared_ptr<Job>& job, CancelReason reason) {

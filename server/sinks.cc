@@ -10,7 +10,7 @@ bool CollectingSink::OnDelta(std::string_view text, absl::Span<const TokenLogpro
   return true;
 }
 
-void CollectingSink::OnFinish(FinishReason reason, CancelReason cancel,
+void CollectingSink::OnFinish(StopReason reason, CancelReason cancel,
                               const GenerationStats& stats, const absl::Status& error) {
   std::lock_guard<std::mutex> lock(mu_);
   reason_ = reason;
@@ -55,15 +55,15 @@ bool SseSink::OnDelta(std::string_view text, absl::Span<const TokenLogprobs> log
   return Produce([&](std::string* b) { AppendDeltaEvent(meta_, text, logprobs, b); });
 }
 
-void SseSink::OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
+void SseSink::OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
                        const absl::Status& error) {
   Produce([&](std::string* b) {
-    if (reason == FinishReason::kError) {
+    if (reason == StopReason::kError) {
       AppendErrorEvent(ToApiError(error), b);
-    } else if (reason == FinishReason::kCancelled && cancel == CancelReason::kShutdown) {
+    } else if (reason == StopReason::kCancelled && cancel == CancelReason::kShutdown) {
       AppendErrorEvent(
           ToApiError(Unavailable("shutting_down", "the server shut down before the end")), b);
-    } else if (reason != FinishReason::kCancelled || cancel == CancelReason::kDeadline) {
+    } else if (reason != StopReason::kCancelled || cancel == CancelReason::kDeadline) {
       AppendFinishEvent(meta_, FinishReasonText(reason), b);
       if (meta_.include_usage) AppendUsageEvent(meta_, stats, b);
       AppendDoneEvent(b);

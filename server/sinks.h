@@ -18,14 +18,14 @@ namespace thermocline::server {
 class CollectingSink : public GenerationSink {
  public:
   bool OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) override;
-  void OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
+  void OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
                 const absl::Status& error) override;
   // Blocks until OnFinish. The accessors below are valid after it.
   void Wait();
 
   const std::string& text() const { return text_; }
   const std::vector<TokenLogprobs>& logprobs() const { return logprobs_; }
-  FinishReason reason() const { return reason_; }
+  StopReason reason() const { return reason_; }
   CancelReason cancel() const { return cancel_; }
   const GenerationStats& stats() const { return stats_; }
   const absl::Status& error() const { return error_; }
@@ -36,7 +36,7 @@ class CollectingSink : public GenerationSink {
   bool done_ = false;
   std::string text_;
   std::vector<TokenLogprobs> logprobs_;
-  FinishReason reason_ = FinishReason::kError;
+  StopReason reason_ = StopReason::kError;
   CancelReason cancel_ = CancelReason::kClientGone;
   GenerationStats stats_;
   absl::Status error_;
@@ -48,7 +48,7 @@ class SseSink : public GenerationSink {
   explicit SseSink(ResponseMeta meta);
 
   bool OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) override;
-  void OnFinish(FinishReason reason, CancelReason cancel, const GenerationStats& stats,
+  void OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
                 const absl::Status& error) override;
 
   // Connection side. Waits for bytes, swaps them into *out (cleared first) and returns true;

@@ -10,6 +10,7 @@
 
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
+#include "engine/runtime/engine.h"
 #include "test_util.h"
 
 namespace thermocline::testing {
@@ -52,6 +53,21 @@ inline std::vector<int32_t> GreedyIds(Session& session, const std::vector<int32_
     if (i + 1 < n) REQUIRE(session.Eval({&next, 1}).ok());
   }
   return out;
+}
+
+// A session of `model` through the engine's front door (engine/runtime/engine.h), as the
+// daemon and the tools build theirs. The session keeps its engine alive.
+inline std::unique_ptr<EngineSession> NewEngineSession(const LlamaModel& model,
+                                                       std::optional<SparsePlan> plan,
+                                                       ThreadPool& pool,
+                                                       const EngineOptions& options = {}) {
+  auto engine = Engine::Create(model, std::move(plan), options, pool);
+  INFO(engine.status().ToString());
+  REQUIRE(engine.ok());
+  auto session = (*engine)->NewSession(&pool);
+  INFO(session.status().ToString());
+  REQUIRE(session.ok());
+  return *std::move(session);
 }
 
 }  // namespace thermocline::testing

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/util/byte_size.h"
 
 namespace thermocline::cli {
 
@@ -77,36 +78,9 @@ absl::StatusOr<double> Args::GetDouble(const std::string& flag, double fallback)
 absl::StatusOr<int64_t> Args::GetBytes(const std::string& flag, int64_t fallback) const {
   auto v = Get(flag);
   if (!v) return fallback;
-  std::string s = absl::AsciiStrToLower(*v);
-  for (const char* suffix : {"ib", "b"}) {
-    if (s.size() > 2 && absl::EndsWith(s, suffix)) s.resize(s.size() - std::string(suffix).size());
-  }
-  double mult = 1;
-  if (!s.empty()) {
-    switch (s.back()) {
-      case 'k':
-        mult = 1024.0;
-        break;
-      case 'm':
-        mult = 1024.0 * 1024;
-        break;
-      case 'g':
-        mult = 1024.0 * 1024 * 1024;
-        break;
-      case 't':
-        mult = 1024.0 * 1024 * 1024 * 1024;
-        break;
-      default:
-        break;
-    }
-    if (mult != 1) s.pop_back();
-  }
-  double n;
-  if (!absl::SimpleAtod(s, &n) || n < 0 || n * mult > 9.0e18) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": '", *v, "' is not a byte count (e.g. 4G, 512M, 1000000)"));
-  }
-  return static_cast<int64_t>(n * mult);
+  absl::StatusOr<int64_t> bytes = ParseByteSize(*v);
+  if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", bytes.status().message()));
+  return bytes;
 }
 
 }  // namespace thermocline::cli

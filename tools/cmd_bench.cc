@@ -46,18 +46,21 @@ double Median(std::vector<double> v) {
 // each reads per token (predictors included), and the read floor
 // (bench/sparse_read_floor.h): the ratio of a sparse token whose FFN cost only
 // fetching its rows.
-int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o, SparseFfn& sparse,
-                bool json) {
-  auto session = Session::Create(model, &pool);
-  if (!session.ok()) return Fail("bench", session.status());
-  sparse.set_session(session->get());
+int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadPool& pool,
+                const BenchOptions& o, bool json) {
+  const LlamaModel& model = sparse_engine.model();
+  auto dense_session = dense_engine.NewSession(&pool);
+  if (!dense_session.ok()) return Fail("bench", dense_session.status());
+  auto sparse_session = SessionFor(sparse_engine, &pool);
+  if (!sparse_session.ok()) return Fail("bench", sparse_session.status());
+  SparseFfn& sparse = *(*sparse_session)->sparse();
   sparse.ResetStats();
   // Interleaved, so that load from elsewhere hits both alike; medians of the runs.
   std::vector<double> dense_runs, sparse_runs;
   for (int r = 0; r < std::max(1, o.repetitions); ++r) {
     for (bool use_sparse : {false, true}) {
-      (*session)->set_ffn_backend(use_sparse ? &sparse : nullptr);
-      auto tps = DecodeTokensPerS(**session, o);
+      EngineSession& s = use_sparse ? **sparse_session : **dense_session;
+      auto tps = DecodeTokensPerS(s.session(), o);
       if (!tps.ok()) return Fail("bench", tps.status());
       (use_sparse ? sparse_runs : dense_runs).push_back(*tps);
     }
@@ -81,9 +84,8 @@ int BenchSparse(const LlamaModel& model, ThreadPool& pool, const BenchOptions& o
   // with nothing computed, the rest of a token's weights streamed between tokens. The token it
   // bounds: the measured one with its FFN replaced by only those reads.
   ActiveSetRecorder recorder;
-  (*session)->set_ffn_backend(&sparse);
   sparse.set_active_set_observer(&recorder);
-  const absl::StatusOr<double> recorded = DecodeTokensPerS(**session, o);
+  const absl::StatusOr<double> recorded = DecodeTokensPerS((*sparse_session)->session(), o);
   sparse.set_active_set_observer(nullptr);
   if (!recorded.ok()) return Fail("bench", recorded.status());
   const double floor_ms =
@@ -206,10 +208,18 @@ int RunBench(int argc, char** argv) {
   auto model = LoadModelFromArgs(*args);
   if (!model.ok()) return Fail("bench", model.status());
   ThreadPool pool(*threads);
-  auto sparse = SparseFfnFromArgs(*args, **model, &pool, /*dense_prefill=*/true);
-  if (!sparse.ok()) return Fail("bench", sparse.status());
-  if (*sparse != nullptr) return BenchSparse(**model, pool, o, **sparse, args->Has("--json"));
-  auto r = BenchModel(**model, pool, o);
+  EngineOptions engine_options;
+  engine_options.n_ctx = o.prompt_tokens + o.gen_tokens + 1;
+  engine_options.max_batch = std::clamp<int64_t>(o.prompt_tokens, 1, 4096);
+  auto engine = EngineFromArgs(*args, **model, pool, engine_options);
+  if (!engine.ok()) return Fail("bench", engine.status(), absl::IsInvalidArgument(engine.status()));
+  if ((*engine)->sparse_plan() != nullptr) {
+    // The reference: the same model dense, all on the CPU.
+    auto dense = Engine::Create(**model, std::nullopt, engine_options, pool);
+    if (!dense.ok()) return Fail("bench", dense.status());
+    return BenchSparse(**dense, **engine, pool, o, args->Has("--json"));
+  }
+  auto r = BenchModel(**engine, pool, o);
   if (!r.ok()) return Fail("bench", r.status());
   const double mem_gbps = MeasureReadBandwidth(pool);
   const double ratio = mem_gbps > 0 ? r->decode_weight_gbps / mem_gbps : 0;

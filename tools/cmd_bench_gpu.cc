@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_layers.h"
+#include "engine/runtime/engine.h"
 #include "nlohmann/json.hpp"
-#include "offline/sparse_loader.h"
 #include "tools/commands.h"
 
 namespace thermocline::cli {
@@ -54,100 +54,29 @@ absl::StatusOr<double> DecodeTokensPerS(Session& session, int64_t prompt_tokens,
   return runs[runs.size() / 2];
 }
 
-// Stands in for the sparse backend while the memory of hybrid GPU layers is computed (which
-// only asks whether the FFN runs on the host).
-class HostFfnPlaceholder : public FfnBackend {
- public:
-  void Forward(int, const float*, const float*, int64_t, float*) override {}
-};
-
-// (a): the placement's GPU attention layers as hybrid GPU layers (their FFN through the sparse
-// backend), the sparse backend's GPU part under what is left of the cap.
-absl::StatusOr<Row> Hybrid(const LlamaModel& model, ThreadPool& pool, Session& session,
-                           const std::string& sidecar_path, uint64_t cap, int64_t pt, int64_t gt,
-                           int reps) {
-  absl::StatusOr<offline::Sidecar> sidecar = offline::LoadSidecarFor(sidecar_path, model);
-  if (!sidecar.ok()) return sidecar.status();
-  const int64_t n_layer = model.hparams().n_layer;
-  gpu::GpuLayersSpec spec;
-  spec.model = &model;
-  spec.layers.assign(n_layer, 0);
-  int64_t n_attn = 0;
-  for (int64_t l = 0; l < n_layer && l < static_cast<int64_t>(sidecar->layers.size()); ++l) {
-    spec.layers[l] = sidecar->layers[l].attention_gpu ? 1 : 0;
-    n_attn += spec.layers[l];
-  }
-  spec.output = sidecar->placement.output_gpu && n_layer > 0 && spec.layers[n_layer - 1];
-  spec.n_ctx = session.n_ctx();
-  spec.max_batch = session.max_batch();
-  HostFfnPlaceholder placeholder;
-  spec.host_ffn = &placeholder;
-  const uint64_t layer_bytes = n_attn > 0 ? gpu::ComputeGpuLayersMemory(spec).Total(spec) : 0;
+// One row: an engine of `model` with `plan` and the GPU options, decoded on one session.
+absl::StatusOr<Row> Measure(const std::string& name, const LlamaModel& model, ThreadPool& pool,
+                            std::optional<SparsePlan> plan, const EngineOptions& options,
+                            int64_t pt, int64_t gt, int reps) {
+  absl::StatusOr<std::shared_ptr<const Engine>> engine =
+      Engine::Create(model, std::move(plan), options, pool);
+  if (!engine.ok()) return engine.status();
+  absl::StatusOr<std::unique_ptr<EngineSession>> session = (*engine)->NewSession(&pool);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<double> tps = DecodeTokensPerS((*session)->session(), pt, gt, reps);
+  if (!tps.ok()) return tps.status();
   Row row;
-  row.name = "(a) hybrid sparse, solved placement";
-  for (bool with_attention : {true, false}) {
-    if (with_attention && n_attn == 0) continue;
-    const uint64_t layers_cap = with_attention ? layer_bytes : 0;
-    if (layers_cap > cap) continue;
-    SparseFfnOptions options;
-    options.gpu = true;
-    options.gpu_memory = cap - layers_cap;
-    options.dense_prefill = true;
-    absl::StatusOr<std::unique_ptr<SparseFfn>> sparse =
-        offline::LoadSparseFfn(sidecar_path, model, &pool, options);
-    if (!sparse.ok() && absl::IsResourceExhausted(sparse.status()) && with_attention) continue;
-    if (!sparse.ok()) return sparse.status();
-    if (!(*sparse)->gpu_status().ok()) return (*sparse)->gpu_status();
-    std::unique_ptr<gpu::GpuLayers> layers;
-    if (with_attention) {
-      spec.host_ffn = sparse->get();
-      spec.memory_cap = layers_cap;
-      absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> l = gpu::CreateGpuLayers(spec);
-      if (!l.ok()) return l.status();
-      layers = *std::move(l);
-    }
-    (*sparse)->set_session(&session);
-    session.set_ffn_backend(sparse->get());
-    session.set_layer_backend(layers.get());
-    absl::StatusOr<double> tps = DecodeTokensPerS(session, pt, gt, reps);
-    session.set_ffn_backend(nullptr);
-    session.set_layer_backend(nullptr);
-    if (!tps.ok()) return tps.status();
-    row.tokens_per_s = *tps;
-    row.gpu_bytes = (*sparse)->gpu_device_bytes() + (layers ? layers->device_bytes() : 0);
-    const SparseFfnStats& st = (*sparse)->stats();
+  row.name = name;
+  row.tokens_per_s = *tps;
+  row.gpu_bytes = (*session)->device_bytes();
+  row.note = DescribePlacement((*session)->placement());
+  if (const SparseFfn* sparse = (*session)->sparse(); sparse != nullptr) {
+    const SparseFfnStats& st = sparse->stats();
     const double active =
         st.layer_tokens ? st.predicted / st.layer_tokens / model.hparams().n_ff : 0;
-    row.note = absl::StrCat(with_attention ? n_attn : 0, " attention layers on the GPU",
-                            spec.output && with_attention ? " + head" : "", ", ",
-                            static_cast<int>(100 * active + 0.5), "% neurons predicted active");
-    return row;
+    absl::StrAppend(&row.note, ", ", static_cast<int>(100 * active + 0.5),
+                    "% neurons predicted active");
   }
-  return absl::ResourceExhaustedError(
-      "the sidecar's placement does not fit under --gpu-memory; "
-      "solve it for this cap (thermocline solve --gpu-memory)");
-}
-
-// (b): the first n layers dense on the GPU.
-absl::StatusOr<Row> Ngl(const LlamaModel& model, Session& session, int64_t requested, uint64_t cap,
-                        int64_t pt, int64_t gt, int reps) {
-  absl::StatusOr<gpu::GpuLayersSpec> spec =
-      gpu::PlanWholeLayers(model, requested, session.n_ctx(), session.max_batch(), cap);
-  if (!spec.ok()) return spec.status();
-  const int64_t n = std::count(spec->layers.begin(), spec->layers.end(), 1);
-  std::unique_ptr<gpu::GpuLayers> layers;
-  if (n > 0) {
-    absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> l = gpu::CreateGpuLayers(*spec);
-    if (!l.ok()) return l.status();
-    layers = *std::move(l);
-  }
-  session.set_layer_backend(layers.get());
-  absl::StatusOr<double> tps = DecodeTokensPerS(session, pt, gt, reps);
-  session.set_layer_backend(nullptr);
-  if (!tps.ok()) return tps.status();
-  Row row{absl::StrCat("(b) dense, ", n, "/", model.hparams().n_layer, " layers on the GPU",
-                       spec->output ? " + head" : ""),
-          *tps, layers ? layers->device_bytes() : 0, "-ngl style"};
   return row;
 }
 
@@ -185,27 +114,35 @@ int RunBenchGpuCompare(const Args& args) {
   auto model = LoadModelFromArgs(args);
   if (!model.ok()) return Fail("bench", model.status());
   ThreadPool pool(*threads);
-  SessionOptions so;
-  so.n_ctx = *pt + *gt + 1;
-  so.max_batch = std::min<int64_t>(*pt, 64);
-  auto session = Session::Create(**model, &pool, so);
-  if (!session.ok()) return Fail("bench", session.status());
-  const uint64_t cap =
-      *cap_arg > 0 ? static_cast<uint64_t>(*cap_arg) : gpu::MemoryBudget::kUnlimited;
+  EngineOptions base;
+  base.n_ctx = *pt + *gt + 1;
+  base.max_batch = std::min<int64_t>(*pt, 64);
+  const int r = static_cast<int>(*reps);
 
   std::vector<Row> rows;
   if (compare) {
-    auto a = Hybrid(**model, pool, **session, *args.Get("--sidecar"), cap, *pt, *gt,
-                    static_cast<int>(*reps));
+    absl::StatusOr<std::optional<SparsePlan>> plan = SparsePlanFromArgs(args, **model);
+    if (!plan.ok()) return Fail("bench", plan.status());
+    if (!plan->has_value()) {
+      return Fail("bench", absl::InvalidArgumentError("--gpu-compare: --sidecar gives no plan"));
+    }
+    EngineOptions hybrid = base;
+    hybrid.gpu_memory = static_cast<uint64_t>(*cap_arg);
+    auto a = Measure("(a) hybrid sparse, solved placement", **model, pool, *std::move(plan),
+                     hybrid, *pt, *gt, r);
     if (!a.ok()) return Fail("bench", a.status());
     rows.push_back(*a);
   }
-  auto b = Ngl(**model, **session, *requested, cap, *pt, *gt, static_cast<int>(*reps));
+  EngineOptions ngl = base;
+  ngl.gpu_layers = *requested;
+  if (*cap_arg > 0) ngl.gpu_memory = static_cast<uint64_t>(*cap_arg);
+  auto b = Measure("(b) dense, whole layers on the GPU (-ngl)", **model, pool, std::nullopt, ngl,
+                   *pt, *gt, r);
   if (!b.ok()) return Fail("bench", b.status());
   rows.push_back(*b);
-  auto c = DecodeTokensPerS(**session, *pt, *gt, static_cast<int>(*reps));
+  auto c = Measure("(c) dense, all on the CPU", **model, pool, std::nullopt, base, *pt, *gt, r);
   if (!c.ok()) return Fail("bench", c.status());
-  rows.push_back(Row{"(c) dense, all on the CPU", *c, 0, "reference"});
+  rows.push_back(*c);
 
   const LlamaHparams& h = (*model)->hparams();
   const double weights = static_cast<double>((*model)->weight_bytes());
@@ -235,7 +172,7 @@ int RunBenchGpuCompare(const Args& args) {
           ? absl::StrCat(*cap_arg >> 20, " MiB (", static_cast<int>(100 * *cap_arg / weights + 0.5),
                          "% of the weights)")
                 .c_str()
-          : "unlimited",
+          : "free device memory",
       *threads, static_cast<long long>(*gt), static_cast<long long>(*pt),
       static_cast<long long>(*reps));
   std::printf("%-48s %10s %8s %10s  %s\n", "config", "tokens/s", "vs (c)", "GPU MiB", "note");

@@ -97,32 +97,26 @@ int RunGenerate(int argc, char** argv) {
   auto model = LoadModelFromArgs(*args);
   if (!model.ok()) return Fail("generate", model.status());
   ThreadPool pool(*threads);
-  SessionOptions session_options;
-  session_options.n_ctx = *ctx;
-  auto session = Session::Create(**model, &pool, session_options);
-  if (!session.ok()) return Fail("generate", session.status());
-  auto sparse = SparseFfnFromArgs(*args, **model, &pool, /*dense_prefill=*/true);
-  if (!sparse.ok()) return Fail("generate", sparse.status());
-  if (*sparse != nullptr) {
-    (*sparse)->set_session(session->get());
-    (*session)->set_ffn_backend(sparse->get());
+  EngineOptions engine_options;
+  engine_options.n_ctx = *ctx;
+  auto engine = EngineFromArgs(*args, **model, pool, engine_options);
+  if (!engine.ok()) {
+    return Fail("generate", engine.status(), absl::IsInvalidArgument(engine.status()));
   }
-  auto gpu_layers = GpuLayersFromArgs(*args, **session, sparse->get());
-  if (!gpu_layers.ok()) {
-    return Fail("generate", gpu_layers.status(), absl::IsInvalidArgument(gpu_layers.status()));
-  }
-  if (*gpu_layers != nullptr) (*session)->set_layer_backend(gpu_layers->get());
+  auto engine_session = SessionFor(**engine, &pool);
+  if (!engine_session.ok()) return Fail("generate", engine_session.status());
+  Session* session = &(*engine_session)->session();
 
   const Tokenizer& tok = (*model)->tokenizer();
   const std::vector<int32_t> prompt_ids = tok.Encode(*prompt, tok.add_bos());
-  if (static_cast<int64_t>(prompt_ids.size()) >= (*session)->n_ctx()) {
+  if (static_cast<int64_t>(prompt_ids.size()) >= session->n_ctx()) {
     return Fail("generate", absl::InvalidArgumentError(absl::StrCat(
                                 "the prompt has ", prompt_ids.size(),
-                                " tokens, more than the context length ", (*session)->n_ctx())));
+                                " tokens, more than the context length ", session->n_ctx())));
   }
   GenerateOptions options;
   options.max_tokens = static_cast<int32_t>(
-      std::min<int64_t>(*n_predict, (*session)->n_ctx() - static_cast<int64_t>(prompt_ids.size())));
+      std::min<int64_t>(*n_predict, session->n_ctx() - static_cast<int64_t>(prompt_ids.size())));
   options.sampling = *sampling;
   options.stop_at_end_of_generation = !args->Has("--ignore-eos");
   const bool json = args->Has("--json");
@@ -130,14 +124,17 @@ int RunGenerate(int argc, char** argv) {
     std::fwrite(prompt->data(), 1, prompt->size(), stdout);
     std::fflush(stdout);
   }
-  auto result = Generate(**session, prompt_ids, options, [&](const GeneratedToken& t) {
+  auto result = Generate(*session, prompt_ids, options, [&](const GeneratedToken& t) {
     if (!json && !t.text.empty()) {
       std::fwrite(t.text.data(), 1, t.text.size(), stdout);
       std::fflush(stdout);
     }
-    return true;
+    return TokenAction::kContinue;
   });
   if (!result.ok()) return Fail("generate", result.status());
+  if (!json && !result->final_text.empty()) {
+    std::fwrite(result->final_text.data(), 1, result->final_text.size(), stdout);
+  }
   if (json) {
     nlohmann::json out = {
         {"prompt", *prompt},

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/model_state.h"
 #include "tools/commands.h"
 #include "tools/daemon_client.h"
 
@@ -22,10 +23,11 @@ using nlohmann::json;
 
 constexpr char kUsage[] = R"(usage: thermocline models <verb> [options]
   register PATH [--name N] [--activation relu|drelu|silu] [--corpus FILE]
-           [--profile-tokens N] [--wait]
+           [--profile-tokens N] [--gpu-memory BYTES] [--gpu-layers N|auto] [--wait]
                            register a GGUF model; the daemon profiles it, trains its predictors
                            and places its neurons in the background (--wait follows the progress
-                           and exits 1 if the job fails)
+                           and exits 1 if the job fails); --gpu-memory / --gpu-layers: its GPU
+                           options (default: the daemon's)
   list [--json]            the registered models: NAME STATE STAGE MODE PATH
   show NAME [--json]       every field of one model
   rm NAME...               delete models from the registry (their files stay)
@@ -47,8 +49,8 @@ double Num(const json& m, const char* key, double fallback) {
 // "profile 42%" while a job runs, the stage alone otherwise.
 std::string StageText(const json& m) {
   std::string stage = Str(m, "stage");
-  const std::string state = Str(m, "state");
-  if (state == "profiling" || state == "registered") {
+  const std::optional<server::ModelState> state = server::ParseModelState(Str(m, "state"));
+  if (state == server::ModelState::kProfiling || state == server::ModelState::kRegistered) {
     if (stage.empty()) stage = "queued";
     stage += absl::StrFormat(" %d%%", static_cast<int>(std::floor(Num(m, "percent", 0))));
   }
@@ -56,6 +58,26 @@ std::string StageText(const json& m) {
 }
 
 std::string ModelPath(const std::string& name) { return "/admin/models/" + PathSegment(name); }
+
+// Where attention, the output head and the FFN neurons run (`runs_on`); "-" until it is loaded.
+std::string RunsOnText(const json& m) {
+  if (!m.is_object() || !m.contains("runs_on") || !m["runs_on"].is_object()) return "-";
+  const json& r = m["runs_on"];
+  const std::string device = Str(r, "device");
+  const int64_t n_layer = static_cast<int64_t>(Num(r, "n_layer", 0));
+  std::string out = absl::StrFormat(
+      "%s: attention of %d/%d layers and the output head on the %s, %d of %d FFN neurons on "
+      "the GPU",
+      device, static_cast<int64_t>(Num(r, "attention_gpu_layers", 0)), n_layer,
+      Str(r, "output_head") == "gpu" ? "GPU" : "CPU",
+      static_cast<int64_t>(Num(r, "ffn_neurons_on_gpu", 0)),
+      static_cast<int64_t>(Num(r, "ffn_neurons", 0)));
+  if (const int64_t whole = static_cast<int64_t>(Num(r, "whole_gpu_layers", 0)); whole > 0) {
+    absl::StrAppend(&out, absl::StrFormat(" (%d whole layers, dense FFN)", whole));
+  }
+  if (const std::string note = Str(r, "note"); !note.empty()) absl::StrAppend(&out, "; ", note);
+  return out;
+}
 
 // Absolute, so that a daemon with another working directory finds the file.
 std::string Absolute(const std::string& path) {
@@ -76,7 +98,7 @@ int Wait(DaemonClient* client, const std::string& name) {
         const json m = json::parse(data, nullptr, /*allow_exceptions=*/false);
         if (m.is_discarded() || !m.is_object()) return true;
         const std::string state = Str(m, "state");
-        if (state == "ready" || state == "failed") {
+        if (const auto parsed = server::ParseModelState(state); parsed && server::IsSettled(*parsed)) {
           final_state = state;
           final_model = m;
           return false;
@@ -106,11 +128,12 @@ int Wait(DaemonClient* client, const std::string& name) {
     final_state = Str(*m, "state");
     final_model = *m;
   }
-  if (final_state == "ready") {
+  const std::optional<server::ModelState> settled = server::ParseModelState(final_state);
+  if (settled == server::ModelState::kReady) {
     std::printf("%s is ready (serving %s)\n", name.c_str(), Str(final_model, "mode").c_str());
     return 0;
   }
-  if (final_state == "failed") {
+  if (settled == server::ModelState::kFailed) {
     std::string error = Str(final_model, "last_error");
     return ClientFail(absl::InternalError(
         absl::StrCat("model ", name, " failed: ", error.empty() ? "no reason given" : error)));
@@ -130,6 +153,8 @@ int Register(DaemonClient* client, const Args& args) {
   json body = {{"path", path}, {"name", name}};
   if (auto act = args.Get("--activation")) body["activation"] = *act;
   if (auto corpus = args.Get("--corpus")) body["corpus"] = Absolute(*corpus);
+  if (auto bytes = args.Get("--gpu-memory")) body["gpu_memory"] = *bytes;
+  if (auto layers = args.Get("--gpu-layers")) body["gpu_layers"] = *layers;
   if (args.Has("--profile-tokens")) {
     auto n = args.GetInt("--profile-tokens", 0);
     if (!n.ok()) return Fail("models register", n.status(), /*usage=*/true);
@@ -215,6 +240,7 @@ int Show(DaemonClient* client, const Args& args) {
       {"last error", or_dash(Str(*m, "last_error"))},
       {"sidecar", or_dash(Str(*m, "sidecar_path"))},
       {"placement", or_dash(Str(*m, "placement"))},
+      {"runs on", RunsOnText(*m)},
       {"report", or_dash(Str(*m, "report"))},
       {"created", TimeText(*m, "created_at")},
       {"updated", TimeText(*m, "updated_at")},
@@ -247,7 +273,8 @@ int Remove(DaemonClient* client, const Args& args) {
 
 int RunModels(int argc, char** argv) {
   std::set<std::string> value_flags = kDaemonFlags;
-  value_flags.insert({"--name", "--activation", "--corpus", "--profile-tokens"});
+  value_flags.insert(
+      {"--name", "--activation", "--corpus", "--profile-tokens", "--gpu-memory", "--gpu-layers"});
   auto args = Args::Parse(argc, argv, value_flags, {"--help", "--wait", "--json"},
                           {{"-h", "--help"}, {"-n", "--name"}});
   if (!args.ok()) return Fail("models", args.status(), /*usage=*/true);

@@ -14,7 +14,7 @@ namespace thermocline::cli {
 int RunPerplexity(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--model", "--file", "--ctx", "--threads", "--activation", "--sparse",
-                           "--sidecar", "--target-sparsity", "--gpu-memory"},
+                           "--sidecar", "--target-sparsity", "--gpu-memory", "--gpu-layers"},
                           {"--json", "--help", "--oracle"},
                           {{"-m", "--model"},
                            {"-f", "--file"},
@@ -27,6 +27,7 @@ int RunPerplexity(int argc, char** argv) {
         "usage: thermocline perplexity -m MODEL -f TEXT [--ctx 512] [--threads N] "
         "[--activation A] [--json]");
     std::fputs(kSparseUsage, stdout);
+    std::fputs(kGpuLayersUsage, stdout);
     return 0;
   }
   auto file = args->Get("--file");
@@ -50,22 +51,25 @@ int RunPerplexity(int argc, char** argv) {
                 true);
   }
   ThreadPool pool(*threads);
-  SessionOptions so;
-  so.n_ctx = *ctx;
-  so.max_batch = *ctx;
-  auto session = Session::Create(**model, &pool, so);
-  if (!session.ok()) return Fail("perplexity", session.status());
+  EngineOptions engine_options;
+  engine_options.n_ctx = *ctx;
+  engine_options.max_batch = std::min<int64_t>(*ctx, 4096);
   // Every token through the sparse FFN (no dense prefill): the perplexity measures sparsity.
-  auto sparse = SparseFfnFromArgs(*args, **model, &pool, /*dense_prefill=*/false);
-  if (!sparse.ok()) return Fail("perplexity", sparse.status());
-  if (*sparse != nullptr) (*session)->set_ffn_backend(sparse->get());
+  engine_options.dense_prefill = false;
+  auto engine = EngineFromArgs(*args, **model, pool, engine_options);
+  if (!engine.ok()) {
+    return Fail("perplexity", engine.status(), absl::IsInvalidArgument(engine.status()));
+  }
+  auto session = SessionFor(**engine, &pool);
+  if (!session.ok()) return Fail("perplexity", session.status());
+  const SparseFfn* sparse = (*session)->sparse();
   const int64_t n_ff = (*model)->hparams().n_ff;
   auto active = [&](double SparseFfnStats::*field) {
-    const SparseFfnStats& s = (*sparse)->stats();
+    const SparseFfnStats& s = sparse->stats();
     return s.layer_tokens > 0 ? s.*field / s.layer_tokens / n_ff : 1.0;
   };
   const bool json = args->Has("--json");
-  auto result = ComputePerplexity(**session, text.str(), *ctx, [&](int64_t c, double ppl) {
+  auto result = ComputePerplexity((*session)->session(), text.str(), *ctx, [&](int64_t c, double ppl) {
     if (!json) {
       std::printf("[%lld]%.4f,", static_cast<long long>(c + 1), ppl);
       std::fflush(stdout);
@@ -75,8 +79,8 @@ int RunPerplexity(int argc, char** argv) {
   if (json) {
     nlohmann::json out = {{"ppl", result->ppl},         {"chunks", result->chunk_ppl},
                           {"ctx", result->n_ctx},       {"tokens_scored", result->tokens_scored},
-                          {"seconds", result->seconds}, {"sparse", *sparse != nullptr}};
-    if (*sparse != nullptr) {
+                          {"seconds", result->seconds}, {"sparse", sparse != nullptr}};
+    if (sparse != nullptr) {
       out["predicted_active"] = active(&SparseFfnStats::predicted);
       out["fired"] = active(&SparseFfnStats::fired);
     }
@@ -85,7 +89,7 @@ int RunPerplexity(int argc, char** argv) {
     std::printf("\nppl = %.4f (%lld tokens scored, ctx %lld, %.2f s)\n", result->ppl,
                 static_cast<long long>(result->tokens_scored),
                 static_cast<long long>(result->n_ctx), result->seconds);
-    if (*sparse != nullptr) {
+    if (sparse != nullptr) {
       std::printf("sparse FFN: %.1f%% of neurons predicted active, %.1f%% fired\n",
                   100 * active(&SparseFfnStats::predicted), 100 * active(&SparseFfnStats::fired));
     }

@@ -28,6 +28,12 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
   --sparse off|on|auto     sparse FFN serving of every model (default auto: when a sidecar is
                            given or MODEL.thermo.gguf lies beside the model)
   --sidecar FILE           the sidecar of the (single) --model (thermocline profile makes one)
+  --gpu-memory BYTES       device memory each model may use (8G, 512M): with a sidecar, its
+                           solved hybrid placement (attention, head and hot neurons on the GPU);
+                           without one, as many whole layers as fit (CUDA builds; without a
+                           device every model is served from the CPU, said once in the log)
+  --gpu-layers N|auto      the first N whole layers of every model on the GPU (-ngl style; auto:
+                           as many as fit under --gpu-memory or the device's free memory)
   --state-dir DIR          registry, job artefacts and sidecars of registered models (default
                            $XDG_STATE_HOME/thermocline or ~/.local/state/thermocline)
   --admin-key KEY          require this key for /admin/* (default: the API key, if any)
@@ -74,6 +80,14 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
   if (auto mode = args.Get("--sparse")) {
     for (server::ModelConfig& m : c->models) m.sparse = *mode;
   }
+  if (auto bytes = args.Get("--gpu-memory")) {
+    for (server::ModelConfig& m : c->models) m.gpu_memory = *bytes;
+    c->gpu_memory = *bytes;
+  }
+  if (auto layers = args.Get("--gpu-layers")) {
+    for (server::ModelConfig& m : c->models) m.gpu_layers = *layers;
+    c->gpu_layers = *layers;
+  }
   if (auto sidecar = args.Get("--sidecar")) {
     if (c->models.size() != 1) {
       return absl::InvalidArgumentError(
@@ -112,7 +126,8 @@ int RunServe(int argc, char** argv) {
   auto args = Args::Parse(
       argc, argv,
       {"--config", "--host", "--port", "--api-key", "--slots", "--queue", "--threads", "--ctx",
-       "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key", "--grpc-port"},
+       "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key", "--grpc-port",
+       "--gpu-memory", "--gpu-layers"},
       {"--help"}, {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("serve", args.status(), true);
   if (args->Has("--help")) {

@@ -3,14 +3,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/gpu/gpu_layers.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
-#include "engine/sparse/sparse_ffn.h"
+#include "engine/runtime/engine.h"
 #include "engine/util/thread_pool.h"
 #include "tools/args.h"
 
@@ -49,25 +49,28 @@ constexpr char kSparseUsage[] =
     "  --target-sparsity F      SwiGLU: drop this fraction of activations by magnitude\n"
     "  --gpu-memory BYTES       the placement's GPU neurons on the GPU under this cap (512M,\n"
     "                           8G; CUDA builds; without a device they stay on the CPU)\n";
-// The sparse FFN backend of --sparse/--sidecar/--oracle/--target-sparsity on `pool`, or nullptr
-// when sparse is off. dense_prefill: prompts of more than one token use the dense FFN.
-absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfnFromArgs(const Args& args,
-                                                             const LlamaModel& model,
-                                                             ThreadPool* pool, bool dense_prefill);
-
 // --gpu-layers N|auto (generate, bench): the -ngl-style dense offload.
 constexpr char kGpuLayersUsage[] =
     "  --gpu-layers N|auto      dense whole layers on the GPU: the first N (auto: as many as fit\n"
     "                           under --gpu-memory, all without it), the rest on the CPU; all\n"
     "                           of them also puts the output head there (CUDA builds; without a\n"
     "                           device everything stays on the CPU)\n";
-// The layer backend of --gpu-layers for `session`, or nullptr when the flag is absent, asks for
-// 0 layers, or there is no usable device (said on stderr; the run goes on on the CPU).
-// sparse: the session's sparse FFN, if any (its own GPU part cannot share --gpu-memory with
-// --gpu-layers: an InvalidArgumentError then).
-absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> GpuLayersFromArgs(const Args& args,
-                                                                  const Session& session,
-                                                                  const SparseFfn* sparse);
+// The sparse plan of --sparse/--sidecar/--oracle/--target-sparsity (offline/sparse_source.h, the
+// same resolution the daemon uses); a sidecar beside the model that cannot be used is said on
+// stderr and the run goes on dense.
+absl::StatusOr<std::optional<SparsePlan>> SparsePlanFromArgs(const Args& args,
+                                                             const LlamaModel& model);
+// --gpu-memory and --gpu-layers into `options`.
+absl::Status GpuOptionsFromArgs(const Args& args, EngineOptions* options);
+// The engine of the model with the sparse and GPU flags over `options` (n_ctx, max_batch,
+// dense_prefill set by the caller).
+absl::StatusOr<std::shared_ptr<const Engine>> EngineFromArgs(const Args& args,
+                                                             const LlamaModel& model,
+                                                             ThreadPool& pool,
+                                                             EngineOptions options);
+// engine.NewSession(pool); when a GPU was asked for, where its parts run (or why they do not)
+// is said on stderr.
+absl::StatusOr<std::unique_ptr<EngineSession>> SessionFor(const Engine& engine, ThreadPool* pool);
 // bench --gpu-compare (tools/cmd_bench_gpu.cc): hybrid sparse vs -ngl dense vs CPU decode.
 int RunBenchGpuCompare(const Args& args);
 

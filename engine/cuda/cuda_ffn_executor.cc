@@ -43,7 +43,7 @@ class CudaFfnExecutor : public GpuFfnExecutor {
       : n_embd_(spec.n_embd),
         activation_(spec.activation),
         budget_(spec.memory_cap),
-        arena_(&budget_) {}
+        arena_(spec.budget != nullptr ? spec.budget : &budget_) {}
 
   ~CudaFfnExecutor() override {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);

@@ -32,7 +32,7 @@ struct DevLayer {
 class CudaGpuLayers : public GpuLayers {
  public:
   explicit CudaGpuLayers(const GpuLayersSpec& spec)
-      : spec_(spec), h_(spec.model->hparams()), budget_(spec.memory_cap), arena_(&budget_) {}
+      : spec_(spec), h_(spec.model->hparams()), budget_(spec.memory_cap), arena_(spec.budget != nullptr ? spec.budget : &budget_) {}
   ~CudaGpuLayers() override {
     if (stream_ != nullptr) {
       cudaStreamSynchronize(stream_);

@@ -45,6 +45,9 @@ struct GpuFfnSpec {
   FfnActivation activation = FfnActivation::kSilu;
   std::vector<GpuFfnLayerSpec> layers;
   uint64_t memory_cap = MemoryBudget::kUnlimited;  // --gpu-memory
+  // Shared with the engine's other device parts; nullptr: a budget of memory_cap of its own.
+  // Must outlive the executor.
+  MemoryBudget* budget = nullptr;
   int device = 0;
 };
 

@@ -30,6 +30,10 @@ struct GpuLayersSpec {
   // hybrid layer. Must outlive the GpuLayers.
   FfnBackend* host_ffn = nullptr;
   uint64_t memory_cap = MemoryBudget::kUnlimited;
+  // The budget the layers' device memory is reserved in, shared with the other device parts of
+  // the same engine (engine/runtime/engine.h); nullptr: a budget of memory_cap of their own.
+  // Must outlive the GpuLayers.
+  MemoryBudget* budget = nullptr;
   int device = 0;
 };
 

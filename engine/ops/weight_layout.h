@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "engine/ops/ggml_types.h"
@@ -15,10 +16,19 @@
 
 namespace thermocline {
 
-// An owned weight matrix built once at load (down_t, interleaved gate/up).
+// An owned weight matrix built once at load (down_t, interleaved gate/up). Move-only: `view`
+// points into `data` (or, with `data` empty, into a mapped file), and a copy would point into
+// the original.
 struct OwnedWeight {
   WeightView view;
   HugeBytes data;  // on huge pages: the sparse operators read scattered rows
+
+  OwnedWeight() = default;
+  OwnedWeight(WeightView v, HugeBytes d) : view(v), data(std::move(d)) {}
+  OwnedWeight(OwnedWeight&&) noexcept = default;
+  OwnedWeight& operator=(OwnedWeight&&) noexcept = default;
+  OwnedWeight(const OwnedWeight&) = delete;
+  OwnedWeight& operator=(const OwnedWeight&) = delete;
 
   // A (rows, cols) matrix of `type`, its view over its own storage, uninitialized: the caller
   // writes every row.

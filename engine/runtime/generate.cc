@@ -1,8 +1,10 @@
 #include "engine/runtime/generate.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace thermocline {
 namespace {
@@ -13,14 +15,18 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 const char* StopReasonName(StopReason reason) {
   switch (reason) {
-    case StopReason::kMaxTokens:
+    case StopReason::kLength:
       return "length";
     case StopReason::kEndOfGeneration:
       return "eos";
-    case StopReason::kStopped:
+    case StopReason::kStopSequence:
       return "stop";
+    case StopReason::kCancelled:
+      return "cancelled";
     case StopReason::kContextFull:
       return "context_full";
+    case StopReason::kError:
+      return "error";
   }
   return "?";
 }
@@ -32,31 +38,45 @@ absl::StatusOr<GenerationResult> Generate(Session& session, absl::Span<const int
   if (absl::Status s = options.sampling.Validate(); !s.ok()) return s;
   const LlamaModel& model = session.model();
   const Tokenizer& tokenizer = model.tokenizer();
+  const int32_t n_vocab = static_cast<int32_t>(model.hparams().n_vocab);
+  for (const auto& [id, bias] : options.logit_bias) {
+    if (id < 0 || id >= n_vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit bias for token ", id, ", outside the vocabulary [0, ", n_vocab, ")"));
+    }
+  }
 
   GenerationResult result;
   result.prompt_tokens = static_cast<int64_t>(prompt.size());
-  result.tokens.reserve(options.max_tokens > 0 ? options.max_tokens : 0);
+  const int32_t max_tokens = std::max(options.max_tokens, 0);
+  result.tokens.reserve(max_tokens);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
-  history.reserve(prompt.size() + std::max(options.max_tokens, 0));
+  history.reserve(prompt.size() + max_tokens);
 
   auto start = std::chrono::steady_clock::now();
   if (absl::Status s = session.Eval(prompt); !s.ok()) return s;
   result.prompt_seconds = SecondsSince(start);
 
-  Sampler sampler(options.sampling, static_cast<int32_t>(model.hparams().n_vocab));
+  Sampler sampler(options.sampling, n_vocab);
+  // Generated text continues the prompt: the detokenizer sees the prompt first (a prompt that
+  // begins with BOS has its leading space handled there).
   StreamingDetokenizer detok(tokenizer);
-  std::vector<float> raw_logits(model.hparams().n_vocab);
-  // The detokenizer starts a sequence at BOS; a prompt that begins with BOS has its leading
-  // space handled there, so generated text continues it verbatim.
-  detok.Push(prompt.front());
-  for (size_t i = 1; i < prompt.size(); ++i) detok.Push(prompt[i]);
+  for (int32_t id : prompt) detok.Push(id);
+  std::vector<float> raw_logits(options.raw_logits ? n_vocab : 0);
+  auto ends_generation = [&](int32_t id) {
+    return options.stop_at_end_of_generation &&
+           (tokenizer.IsEndOfGeneration(id) ||
+            std::find(options.stop_tokens.begin(), options.stop_tokens.end(), id) !=
+                options.stop_tokens.end());
+  };
 
   start = std::chrono::steady_clock::now();
-  for (int32_t i = 0; i < options.max_tokens; ++i) {
+  for (int32_t i = 0; i < max_tokens; ++i) {
     float* logits = session.mutable_logits();
-    std::copy_n(logits, raw_logits.size(), raw_logits.begin());
+    if (options.raw_logits) std::copy_n(logits, n_vocab, raw_logits.begin());
+    for (const auto& [id, bias] : options.logit_bias) logits[id] += bias;
     const int32_t id = sampler.Sample(logits, history);
-    if (options.stop_at_end_of_generation && tokenizer.IsEndOfGeneration(id)) {
+    if (ends_generation(id)) {
       result.stop_reason = StopReason::kEndOfGeneration;
       break;
     }
@@ -64,11 +84,16 @@ absl::StatusOr<GenerationResult> Generate(Session& session, absl::Span<const int
     result.tokens.push_back(id);
     const std::string text = detok.Push(id);
     result.text += text;
-    if (on_token && !on_token(GeneratedToken{id, i, text, raw_logits.data()})) {
-      result.stop_reason = StopReason::kStopped;
-      break;
+    if (on_token) {
+      const TokenAction action = on_token(
+          GeneratedToken{id, i, text, options.raw_logits ? raw_logits.data() : nullptr});
+      if (action != TokenAction::kContinue) {
+        result.stop_reason =
+            action == TokenAction::kStop ? StopReason::kStopSequence : StopReason::kCancelled;
+        break;
+      }
     }
-    if (i + 1 == options.max_tokens) break;
+    if (i + 1 == max_tokens) break;
     if (session.n_past() >= session.n_ctx()) {
       result.stop_reason = StopReason::kContextFull;
       break;
@@ -77,8 +102,8 @@ absl::StatusOr<GenerationResult> Generate(Session& session, absl::Span<const int
     ++result.decode_evals;
   }
   result.decode_seconds = SecondsSince(start);
-  const std::string rest = detok.Flush();
-  result.text += rest;
+  result.final_text = detok.Flush();
+  result.text += result.final_text;
   return result;
 }
 

@@ -1,11 +1,15 @@
-// The decode loop of one request: prefill the prompt, then sample and evaluate token by token,
-// streaming each token through a callback that can stop generation.
+// The decode loop of one request, the one every caller runs (`generate`, the daemon's slots):
+// prefill the prompt, then sample, detokenize and evaluate token by token, handing each token to
+// a callback that can stop generation. The daemon's stop strings, deadline, streaming and
+// metrics live in its callback (server/decode_loop.cc); this loop owns sampling, the logit bias,
+// end-of-generation and stop tokens, the context limit and the raw logits for logprobs.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -15,26 +19,54 @@
 
 namespace thermocline {
 
-enum class StopReason { kMaxTokens, kEndOfGeneration, kStopped, kContextFull };
+// Why generation ended.
+enum class StopReason {
+  kLength,           // max_tokens were generated
+  kEndOfGeneration,  // the model produced an end-of-generation token (EOS, EOT, a stop token)
+  kStopSequence,     // the callback found the end (a stop string): TokenAction::kStop
+  kCancelled,        // the callback cancelled (client gone, deadline): TokenAction::kCancel
+  kContextFull,      // the context is full
+  // Generation failed (the status says why). Generate returns the error itself; this is for
+  // callers that report an outcome (the daemon's sinks).
+  kError,
+};
+// "length", "eos", "stop", "cancelled", "context_full", "error".
 const char* StopReasonName(StopReason reason);
 
 struct GenerateOptions {
   int32_t max_tokens = 128;
   SamplingParams sampling;
-  bool stop_at_end_of_generation = true;  // EOS/EOT end generation (and are not emitted)
+  // End-of-generation tokens (EOS/EOT) and stop_tokens end generation and are not emitted;
+  // false: they are generated like any other token.
+  bool stop_at_end_of_generation = true;
+  std::vector<int32_t> stop_tokens;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
+  // GeneratedToken::logits carries each token's logits before bias and sampling (logprobs).
+  bool raw_logits = false;
 };
 
 struct GeneratedToken {
   int32_t id;
   int32_t index;          // 0 for the first generated token
   std::string_view text;  // UTF-8 text that became complete with this token (maybe empty)
-  const float* logits;    // the raw logits this token was sampled from (n_vocab)
+  const float* logits;    // (n_vocab) the raw logits it was sampled from; null unless raw_logits
 };
+
+// What the callback tells the loop after a token.
+enum class TokenAction {
+  kContinue,
+  kStop,    // generation is complete (a stop string): kStopSequence
+  kCancel,  // generation is abandoned (client gone, deadline): kCancelled
+};
+using TokenCallback = std::function<TokenAction(const GeneratedToken&)>;
 
 struct GenerationResult {
   std::vector<int32_t> tokens;
-  std::string text;
-  StopReason stop_reason = StopReason::kMaxTokens;
+  std::string text;  // all generated text, final_text included
+  // Text the detokenizer held back until the end (an incomplete UTF-8 sequence, a pending
+  // space); the callback never saw it.
+  std::string final_text;
+  StopReason stop_reason = StopReason::kLength;
   int64_t prompt_tokens = 0;
   double prompt_seconds = 0;  // prefill
   double decode_seconds = 0;  // evaluating generated tokens
@@ -47,11 +79,8 @@ struct GenerationResult {
   }
 };
 
-// Returns false to stop generation after this token.
-using TokenCallback = std::function<bool(const GeneratedToken&)>;
-
 // Continues `session` (normally empty) with `prompt` and generates. The session's KV cache
-// holds prompt and output afterwards.
+// holds prompt and output afterwards. Allocates per call, never per token.
 absl::StatusOr<GenerationResult> Generate(Session& session, absl::Span<const int32_t> prompt,
                                           const GenerateOptions& options,
                                           const TokenCallback& on_token = nullptr);

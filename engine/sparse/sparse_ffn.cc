@@ -51,25 +51,6 @@ struct SparseFfn::Executor {
   }
 };
 
-absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromModel(const LlamaModel& model) {
-  if (!model.carries_predictors()) {
-    return absl::FailedPreconditionError(
-        "the model carries no predictors (blk.N.fc1/fc2); give a sidecar instead");
-  }
-  std::vector<SparseLayerPlan> plan(model.layers().size());
-  for (size_t l = 0; l < plan.size(); ++l) {
-    const LayerWeights& L = model.layers()[l];
-    SparseLayerPlan& p = plan[l];
-    p.rank = L.pred_fc1.rows;
-    p.fc1 = OwnedWeight{L.pred_fc1, {}};
-    p.fc2 = OwnedWeight{L.pred_fc2, {}};
-    p.b1.assign(p.rank, 0.0f);
-    p.b2.assign(L.pred_fc2.rows, 0.0f);
-    p.threshold = model.sparse_threshold();
-  }
-  return plan;
-}
-
 absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
     const LlamaModel& model, std::vector<SparseLayerPlan> plan, ThreadPool& pool) {
   const LlamaHparams& h = model.hparams();
@@ -186,6 +167,7 @@ absl::Status SparseFfn::StartGpu() {
   spec.n_ff = h.n_ff;
   spec.activation = h.activation;
   spec.memory_cap = options_.gpu_memory;
+  spec.budget = options_.gpu_budget;
   std::vector<std::vector<int32_t>> device_slots(plan().size());  // read while uploading
   for (size_t l = 0; l < plan().size(); ++l) {
     const SparseWeights::Layer& y = weights_->layer(static_cast<int>(l));
@@ -200,7 +182,8 @@ absl::Status SparseFfn::StartGpu() {
     layer.magnitude_threshold = plan()[l].magnitude_threshold;
     spec.layers.push_back(layer);  // the host picks the active set: no predictor on the GPU
   }
-  absl::StatusOr<std::unique_ptr<gpu::GpuFfnExecutor>> e = gpu::CreateGpuFfnExecutor(spec);
+  const gpu::Device& device = options_.device != nullptr ? *options_.device : gpu::CudaDevice();
+  absl::StatusOr<std::unique_ptr<gpu::GpuFfnExecutor>> e = device.CreateFfnExecutor(spec);
   if (e.ok()) {
     gpu_ = *std::move(e);
     gpu_status_ = absl::OkStatus();
@@ -226,16 +209,28 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
   x_gate_.resize(max_conv);
   x_up_.resize(max_conv);
   hidden_.resize(std::max<int64_t>(max_rank, 1));
-  rank_ids_.resize(std::max<int64_t>(max_rank, 1));
-  for (size_t k = 0; k < rank_ids_.size(); ++k) rank_ids_[k] = static_cast<int32_t>(k);
-  predictor_scratch_.Reserve(pool_->size(), h.n_ff, std::max<int64_t>(max_rank, 1));
   logits_.resize(h.n_ff);
+  predicted_.resize(h.n_ff);
+  for (size_t l = 0; l < plan().size(); ++l) {
+    const SparseLayerPlan& p = plan()[l];
+    const SparseWeights::Layer& y = weights_->layer(static_cast<int>(l));
+    PredictorView v;
+    v.rank = p.rank;
+    v.fc1 = &p.fc1.view;
+    v.b1 = p.b1.data();
+    v.fc2_t = &y.fc2_t.view;
+    v.b2 = y.b2.data();
+    v.threshold = p.threshold;
+    predictors_.push_back(v);
+  }
   dense_gate_.resize(h.n_ff);
   dense_up_.resize(h.n_ff);
   matmul_scratch_.Reserve(1, std::max(h.n_embd, std::max<int64_t>(max_rank, 1)));
   host_ = std::make_unique<Executor>(pool_, h.n_embd, h.n_ff);
   hidden_idx_.resize(std::max<int64_t>(max_rank, 1));
-  hidden_nz_.resize(std::max<int64_t>(max_rank, 1));
+  hidden_val_.resize(std::max<int64_t>(max_rank, 1));
+  hidden_nz_.idx = hidden_idx_.data();
+  hidden_nz_.value = hidden_val_.data();
   const int n_lanes = pool_->size();
   lanes_.resize(n_lanes);
   for (Lane& lane : lanes_) {
@@ -300,17 +295,7 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
   const LlamaHparams& h = model_.hparams();
   const SparseWeights::Layer& y = weights_->layer(layer);
   const SparseLayerPlan& p = plan()[layer];
-  n_hidden_nz_ = 0;
-  if (p.rank > 0) {
-    MatMul(*pool_, p.fc1.view, xn, 1, hidden_.data(), matmul_scratch_);
-    for (int64_t j = 0; j < p.rank; ++j) {
-      const float v = hidden_[j] + p.b1[j];
-      if (v > 0.0f) {
-        hidden_idx_[n_hidden_nz_] = static_cast<int32_t>(j);
-        hidden_nz_[n_hidden_nz_++] = v;
-      }
-    }
-  }
+  PredictHidden(*pool_, predictors_[layer], xn, hidden_.data(), &hidden_nz_, matmul_scratch_);
   const auto t1 = std::chrono::steady_clock::now();
   PrepareActivations(y.gate.type, isa_, xn, h.n_embd, x_gate_.data());
   if (y.up.type != y.gate.type) {
@@ -357,21 +342,9 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool
   int32_t* idx = lane.idx.data();
   float* gate = lane.gate.data();
   float* up = lane.up.data();
-  int64_t n = 0;
-  if (p.rank > 0) {
-    // This chunk's logits: fc2ᵀ rows of the hidden units that fired, restricted to its slots.
-    float* logits = logits_.data() + begin;
-    std::fill(logits, logits + (end - begin), 0.0f);
-    SparseAxpyRows(isa_, y.fc2_t.view, begin, end - begin, hidden_idx_.data(), hidden_nz_.data(),
-                   n_hidden_nz_, logits);
-    const float thr = p.threshold;
-    const float* b2 = y.b2.data();
-    for (int64_t s = begin; s < end; ++s) {
-      if (logits[s - begin] + b2[s] > thr) idx[n++] = static_cast<int32_t>(s);
-    }
-  } else {
-    for (int64_t s = begin; s < end; ++s) idx[n++] = static_cast<int32_t>(s);
-  }
+  // This chunk's logits: fc2ᵀ rows of the hidden units that fired, restricted to its slots.
+  int64_t n = PredictSlots(isa_, predictors_[layer], hidden_nz_, begin, end,
+                           logits_.data() + begin, idx);
   if (time_it) lane.predictor_s += Seconds(t0, std::chrono::steady_clock::now());
   lane.predicted += n;
   const int64_t n_predicted = n;
@@ -428,16 +401,10 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
       if (std::fabs(dense_gate_[i]) > p.magnitude_threshold) add(i, dense_gate_[i], true);
     }
   } else if (p.rank > 0) {
-    MatMul(*pool_, p.fc1.view, xn, 1, hidden_.data(), matmul_scratch_);
-    for (int64_t j = 0; j < p.rank; ++j) hidden_[j] = std::max(0.0f, hidden_[j] + p.b1[j]);
-    // fc2 as an axpy over its transposed rows: rank rows of n_ff stream well where n_ff rows
-    // of rank elements would not, and the hidden units relu zeroed are skipped.
-    SparseAxpy(*pool_, isa_, y.fc2_t.view, rank_ids_.data(), hidden_.data(), p.rank, logits_.data(),
-               predictor_scratch_);
-    const float thr = p.threshold;
-    for (int64_t i = 0; i < h.n_ff; ++i) {
-      if (logits_[i] + y.b2[i] > thr) add(static_cast<int32_t>(i), 0.0f, false);
-    }
+    PredictHidden(*pool_, predictors_[layer], xn, hidden_.data(), &hidden_nz_, matmul_scratch_);
+    const int64_t n = PredictAll(*pool_, isa_, predictors_[layer], hidden_nz_, h.n_ff,
+                                 logits_.data(), predicted_.data());
+    for (int64_t j = 0; j < n; ++j) add(predicted_[j], 0.0f, false);
   } else {
     for (int64_t i = 0; i < h.n_ff; ++i) add(static_cast<int32_t>(i), 0.0f, false);
   }

@@ -1,5 +1,5 @@
 // SparseFfn: the FFN backend that computes only the neurons that fire. Per token and layer:
-// predictor fc2·relu(fc1·xn + b1) + b2 → active set (logit > threshold) → row-sparse gate/up →
+// predictor (engine/sparse/predictor.h) → active set (logit > threshold) → row-sparse gate/up →
 // gated activation, neurons with |act| <= the layer's magnitude threshold dropped (0 for the
 // ReLU family: exact zeros; CATS/TEAL-style for SwiGLU) → axpy over down_t rows.
 // The hybrid seam: a layer's placement (device_neurons) splits the active set into a device part
@@ -14,33 +14,17 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/gpu/device.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/model/ffn_backend.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
+#include "engine/sparse/predictor.h"
 #include "engine/sparse/sparse_ops.h"
+#include "engine/sparse/sparse_plan.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline {
-
-// What the engine needs per layer (built from a sidecar by offline/sparse_loader.h, or from a
-// model that carries predictors).
-struct SparseLayerPlan {
-  int64_t rank = 0;                     // 0: no predictor, every neuron is a candidate
-  OwnedWeight fc1;                      // (rank, n_embd), any type with kernels
-  std::vector<float> b1;                // (rank)
-  OwnedWeight fc2;                      // (n_ff, rank)
-  std::vector<float> b2;                // (n_ff)
-  float threshold = 0.0f;               // predicted active iff logit > threshold
-  float magnitude_threshold = 0;        // fired iff |act| > this
-  std::vector<int32_t> device_neurons;  // the placement's device part (empty: all host)
-  std::vector<int32_t> fire_count;      // (n_ff) firings in the profile (empty: none)
-};
-
-// The plan of a model that carries its predictors (a PowerInfer file: blk.N.fc1/fc2, no
-// biases, threshold powerinfer.sparse_threshold); the views point into the model.
-// FailedPrecondition when it carries none.
-absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromModel(const LlamaModel& model);
 
 // What the sparse FFN reads, built once per model and plan and shared read-only by every
 // SparseFfn over them (a daemon's slots). Per layer the FFN rows are copies in firing order,
@@ -85,10 +69,13 @@ struct SparseFfnOptions {
   bool split = false;          // run device_neurons on a second executor, concurrently
   int device_threads = 1;      // threads of that executor
   bool dense_prefill = false;  // n_tokens > 1 through Session::DenseFfn (needs set_session)
-  // The device part on the GPU (engine/gpu/gpu_ffn_executor.h) under a cap of gpu_memory
-  // bytes. Without a CUDA device the device part stays on the CPU (gpu_status() says why).
+  // The device part on `device` (engine/gpu/device.h; nullptr: CUDA) under a cap of gpu_memory
+  // bytes, or in gpu_budget when given (shared with the engine's other device parts). Without
+  // a device the device part stays on the CPU (gpu_status() says why).
   bool gpu = false;
   uint64_t gpu_memory = ~uint64_t{0};
+  gpu::MemoryBudget* gpu_budget = nullptr;
+  const gpu::Device* device = nullptr;
 };
 
 struct SparseFfnStats {
@@ -192,19 +179,19 @@ class SparseFfn : public FfnBackend {
   std::vector<Lane> lanes_;                         // (pool size) fused path
   std::vector<std::vector<int64_t>> chunk_bounds_;  // per layer: slot bounds of the chunks
   std::atomic<int> next_chunk_{0};                  // the next chunk a lane claims
+  std::vector<PredictorView> predictors_;           // per layer (engine/sparse/predictor.h)
   std::vector<int32_t> hidden_idx_;                 // predictor hidden units that are > 0
-  std::vector<float> hidden_nz_;                    // and their values
-  int64_t n_hidden_nz_ = 0;
+  std::vector<float> hidden_val_;                   // and their values
+  PredictorHidden hidden_nz_;                       // over the two above
   std::unique_ptr<gpu::GpuFfnExecutor> gpu_;
   absl::Status gpu_status_ = absl::FailedPreconditionError("GPU not requested");
 
   // Shared per-token buffers, sized at construction.
   const Isa isa_ = BestIsa();
   std::vector<uint8_t> x_gate_, x_up_;  // xn prepared for gate's / up's row dots
-  std::vector<float> hidden_;           // (max rank)
+  std::vector<float> hidden_;           // (max rank) fc1 · xn
   std::vector<float> logits_;           // (n_ff)
-  std::vector<int32_t> rank_ids_;       // 0 .. max rank - 1
-  SparseScratch predictor_scratch_;
+  std::vector<int32_t> predicted_;      // (n_ff) split path: the predicted-active slots
   std::vector<float> dense_gate_, dense_up_;  // (n_ff), oracle
   MatMulScratch matmul_scratch_;
   SparseFfnStats stats_;

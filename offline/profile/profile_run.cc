@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/session.h"
+#include "engine/runtime/engine.h"
 #include "engine/runtime/generate.h"
 #include "offline/util/hash.h"
 
@@ -65,13 +66,17 @@ absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& po
   if (options.tokens <= 0) return absl::InvalidArgumentError("--tokens must be positive");
   int64_t chunk = std::min<int64_t>(options.chunk, model.hparams().n_ctx_train);
   if (chunk < 2) return absl::InvalidArgumentError("profiling chunk must be at least 2 tokens");
-  SessionOptions so;
-  so.n_ctx = chunk;
-  so.max_batch = chunk;
-  auto session = Session::Create(model, &pool, so);
-  if (!session.ok()) return session.status();
+  // Dense, all on the CPU: the profile is the reference the predictors learn.
+  EngineOptions eo;
+  eo.n_ctx = chunk;
+  eo.max_batch = std::min<int64_t>(chunk, 4096);
+  auto engine = Engine::Create(model, std::nullopt, eo, pool);
+  if (!engine.ok()) return engine.status();
+  auto engine_session = (*engine)->NewSession(&pool);
+  if (!engine_session.ok()) return engine_session.status();
   TeeObserver tee(&profiler, options.also_observe);
-  (*session)->set_ffn_observer(&tee);
+  (*engine_session)->set_ffn_observer(&tee);
+  Session* session = &(*engine_session)->session();
   const Tokenizer& tok = model.tokenizer();
   ProfileSource source;
 
@@ -100,8 +105,8 @@ absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& po
           std::max<int64_t>(0, profiler.options().calibration_tokens - profiler.observed_tokens());
       const int64_t n = std::min<int64_t>({chunk, static_cast<int64_t>(stream.size()), need});
       if (n <= 0) break;
-      (*session)->Reset();
-      if (absl::Status s = (*session)->Eval({stream.data(), static_cast<size_t>(n)}); !s.ok()) {
+      session->Reset();
+      if (absl::Status s = session->Eval({stream.data(), static_cast<size_t>(n)}); !s.ok()) {
         return s;
       }
       stream.erase(stream.begin(), stream.begin() + n);
@@ -127,11 +132,12 @@ absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& po
       go.sampling.min_p = 0.0f;
       go.sampling.seed = options.seed + round;
       go.stop_at_end_of_generation = true;
-      (*session)->Reset();
+      session->Reset();
       const int64_t before = profiler.observed_tokens();
-      auto r = Generate(**session, {&bos, 1}, go, [&](const GeneratedToken&) {
+      auto r = Generate(*session, {&bos, 1}, go, [&](const GeneratedToken&) {
         if (!Report(progress, profiler, options.tokens)) cancelled = true;
-        return !cancelled && profiler.tokens() < options.tokens;
+        return !cancelled && profiler.tokens() < options.tokens ? TokenAction::kContinue
+                                                                 : TokenAction::kStop;
       });
       if (!r.ok()) return r.status();
       if (profiler.observed_tokens() == before) {

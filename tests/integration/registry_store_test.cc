@@ -34,7 +34,9 @@ TEST_CASE("registry store: rows round-trip and persist across reopening", "[regi
     REQUIRE((*store)->Insert(Record("a", 10)).ok());
     CHECK((*store)->Insert(Record("a", 30)).code() == absl::StatusCode::kAlreadyExists);
     ModelRecord a = Record("a", 10);
-    a.state = "ready";
+    a.state = ModelState::kReady;
+    a.gpu_memory = "8G";
+    a.gpu_layers = "auto";
     a.stage = "done";
     a.sidecar_path = "/state/a.thermo.gguf";
     a.placement_json = R"({"gpu_neurons":1})";
@@ -56,7 +58,9 @@ TEST_CASE("registry store: rows round-trip and persist across reopening", "[regi
   CHECK(a.activation == "relu");
   CHECK(a.corpus == "/corpus.txt");
   CHECK(a.profile_tokens == 777);
-  CHECK(a.state == "ready");
+  CHECK(a.state == ModelState::kReady);
+  CHECK(a.gpu_memory == "8G");
+  CHECK(a.gpu_layers == "auto");
   CHECK(a.stage == "done");
   CHECK(a.sidecar_path == "/state/a.thermo.gguf");
   CHECK(a.placement_json == R"({"gpu_neurons":1})");
@@ -65,7 +69,8 @@ TEST_CASE("registry store: rows round-trip and persist across reopening", "[regi
   CHECK(a.created_at == 10);
   CHECK(a.updated_at == 99);
   CHECK((*rows)[1].name == "b");
-  CHECK((*rows)[1].state == "registered");
+  CHECK((*rows)[1].state == ModelState::kRegistered);
+  CHECK((*rows)[1].gpu_memory.empty());
 
   REQUIRE((*store)->Delete("a").ok());
   CHECK((*store)->Delete("a").code() == absl::StatusCode::kNotFound);

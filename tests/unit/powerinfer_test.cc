@@ -11,6 +11,7 @@
 #include "engine/model/session.h"
 #include "engine/sparse/sparse_ffn.h"
 #include "model_fixtures.h"
+#include "offline/sparse_source.h"
 
 namespace thermocline {
 namespace {
@@ -96,28 +97,32 @@ TEST_CASE("a PowerInfer file loads and runs sparse on its own predictors", "[spa
 
   ThreadPool pool(2);
   const nlohmann::json ref = LoadReference("relu-tiny.reference.json");
-  auto dense = Session::Create(pwri, &pool);
-  auto sparse_session = Session::Create(pwri, &pool);
-  REQUIRE(dense.ok());
-  REQUIRE(sparse_session.ok());
-  auto plan = SparsePlanFromModel(pwri);
-  REQUIRE(plan.ok());
-  CHECK((*plan)[0].rank == 2 * pwri.hparams().n_ff);
-  auto sparse = SparseFfn::Create(pwri, *std::move(plan), &pool, {});
-  REQUIRE(sparse.ok());
-  (*sparse_session)->set_ffn_backend(sparse->get());
+  auto dense_engine = testing::NewEngineSession(pwri, std::nullopt, pool);
+  // The file's own predictors are what the one sparse-source resolution picks with no sidecar.
+  offline::SparseRequest request;
+  request.model_path = path;
+  auto resolved = offline::ResolveSparsePlan(pwri, request);
+  REQUIRE(resolved.ok());
+  REQUIRE(resolved->plan.has_value());
+  CHECK(resolved->plan->source == SparsePlan::Source::kModelPredictors);
+  CHECK(resolved->plan->layers[0].rank == 2 * pwri.hparams().n_ff);
+  auto sparse_engine = testing::NewEngineSession(pwri, std::move(resolved->plan), pool);
+  Session* const dense = &dense_engine->session();
+  Session* const sparse_session = &sparse_engine->session();
+  const SparseFfn* const sparse = sparse_engine->sparse();
+  REQUIRE(sparse != nullptr);
 
   for (const auto& p : ref["prompts"]) {
     const std::vector<int32_t> prompt = p["prompt_ids"].get<std::vector<int32_t>>();
     const std::vector<int32_t> want = p["greedy_ids"].get<std::vector<int32_t>>();
     INFO(p["prompt"].get<std::string>());
     // Dense on the rebuilt down equals the independent reference; sparse equals dense.
-    const std::vector<int32_t> d = testing::GreedyIds(**dense, prompt, 32);
+    const std::vector<int32_t> d = testing::GreedyIds(*dense, prompt, 32);
     CHECK(d == std::vector<int32_t>(want.begin(), want.begin() + 32));
-    CHECK(testing::GreedyIds(**sparse_session, prompt, 32) == d);
+    CHECK(testing::GreedyIds(*sparse_session, prompt, 32) == d);
   }
   // The exact predictor fires only the neurons that fire: relu-tiny is ~84% sparse.
-  const SparseFfnStats& st = (*sparse)->stats();
+  const SparseFfnStats& st = sparse->stats();
   REQUIRE(st.layer_tokens > 0);
   const double predicted = st.predicted / st.layer_tokens / pwri.hparams().n_ff;
   CHECK(predicted < 0.4);

@@ -148,6 +148,13 @@ TEST_CASE("fused sparse path with a predictor and rows in firing order equals th
     ThreadPool pool(threads);
     auto ffn = SparseFfn::Create(model, make_plan(5), &pool, SparseFfnOptions{});
     REQUIRE(ffn.ok());
+    // The split path predicts every slot at once (PredictAll) where the fused path predicts each
+    // chunk (PredictSlots): the one predictor, two ways, the same sets.
+    SparseFfnOptions split_options;
+    split_options.split = true;
+    auto split = SparseFfn::Create(model, make_plan(5), &pool, split_options);
+    REQUIRE(split.ok());
+    std::vector<float> got_split(h.n_embd);
     const std::vector<SparseLayerPlan> plan = make_plan(5);  // the same draws, for the reference
     for (int layer = 0; layer < h.n_layer; ++layer) {
       const SparseLayerPlan& p = plan[layer];
@@ -163,6 +170,7 @@ TEST_CASE("fused sparse path with a predictor and rows in firing order equals th
       for (float& f : x) f = dist(rng);
       for (int64_t i = 0; i < h.n_embd; ++i) xn[i] = x[i] * L.ffn_norm[i];
       (*ffn)->Forward(layer, x.data(), xn.data(), 1, got.data());
+      (*split)->Forward(layer, x.data(), xn.data(), 1, got_split.data());
       // Reference: predictor in model order, dense gate/up, down over the predicted neurons.
       ReferenceLogits(p, xn.data(), hidden.data(), logit.data());
       MatMulReference(L.ffn_gate, xn.data(), 1, gate.data());
@@ -179,7 +187,9 @@ TEST_CASE("fused sparse path with a predictor and rows in firing order equals th
       REQUIRE(predicted > 0);
       REQUIRE(predicted < h.n_ff);
       CHECK(MaxRelDiff(got, want) < 1e-4);
+      CHECK(MaxRelDiff(got_split, want) < 1e-4);
     }
+    CHECK((*split)->stats().predicted == (*ffn)->stats().predicted);
     const SparseFfnStats& st = (*ffn)->stats();
     CHECK(st.layer_tokens == h.n_layer);
     CHECK(st.predicted > st.fired);
@@ -196,7 +206,8 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
   const int64_t rank = 8;
   ThreadPool pool(2);
   const std::vector<SparseLayerPlan> plan = PlanWithPredictor(model, rank, 7);
-  auto ffn = SparseFfn::Create(model, plan, &pool, SparseFfnOptions{});
+  // The same plan again (the same seed): the FFN takes its own, the reference reads this one.
+  auto ffn = SparseFfn::Create(model, PlanWithPredictor(model, rank, 7), &pool, SparseFfnOptions{});
   REQUIRE(ffn.ok());
   ActiveSetRecorder recorder;
   CHECK(ReplaySparseReads(*(*ffn)->weights(), pool, recorder, 1, 1 << 16) == 0);  // nothing yet

@@ -11,7 +11,7 @@
 #include "engine/runtime/perplexity.h"
 #include "model_fixtures.h"
 #include "offline/pipeline.h"
-#include "offline/sparse_loader.h"
+#include "offline/sparse_source.h"
 
 namespace thermocline {
 namespace {
@@ -40,21 +40,23 @@ TEST_CASE("relu-tiny sparse: perplexity, greedy continuations, oracle", "[sparse
   const std::string sidecar = (TempDir() / "sparse-relu-tiny.thermo.gguf").string();
   REQUIRE(offline::WriteSidecar(r->sidecar, sidecar).ok());
 
-  auto dense = Session::Create(model, &pool);
-  auto sparse_session = Session::Create(model, &pool);
-  auto oracle_session = Session::Create(model, &pool);
-  REQUIRE(dense.ok());
-  REQUIRE(sparse_session.ok());
-  REQUIRE(oracle_session.ok());
-  auto sparse = offline::LoadSparseFfn(sidecar, model, &pool, {});
-  INFO(sparse.status().ToString());
-  REQUIRE(sparse.ok());
-  SparseFfnOptions oracle_options;
-  oracle_options.oracle = true;
-  auto oracle = offline::LoadSparseFfn(sidecar, model, &pool, oracle_options);
-  REQUIRE(oracle.ok());
-  (*sparse_session)->set_ffn_backend(sparse->get());
-  (*oracle_session)->set_ffn_backend(oracle->get());
+  // Every session through the front door, as `generate` builds its own.
+  auto dense_engine = testing::NewEngineSession(model, std::nullopt, pool);
+  auto plan = offline::LoadSparsePlan(sidecar, model);
+  INFO(plan.status().ToString());
+  REQUIRE(plan.ok());
+  SparsePlan oracle_plan = *offline::LoadSparsePlan(sidecar, model);
+  oracle_plan.oracle = true;
+  EngineOptions every_token;  // perplexity's windows through the sparse FFN too
+  every_token.dense_prefill = false;
+  auto sparse_engine = testing::NewEngineSession(model, *std::move(plan), pool, every_token);
+  auto oracle_engine = testing::NewEngineSession(model, std::move(oracle_plan), pool, every_token);
+  REQUIRE(sparse_engine->sparse() != nullptr);
+  REQUIRE(oracle_engine->sparse()->options().oracle);
+  Session* const dense = &dense_engine->session();
+  Session* const sparse_session = &sparse_engine->session();
+  Session* const oracle_session = &oracle_engine->session();
+  const SparseFfn* const sparse = sparse_engine->sparse();
 
   // Held-out text: sampled from the model (temperature 1) after a few short prompts.
   std::string text;
@@ -69,18 +71,18 @@ TEST_CASE("relu-tiny sparse: perplexity, greedy continuations, oracle", "[sparse
                                            "In the park"};
   for (size_t i = 0; i < starts.size(); ++i) {
     g.sampling.seed = 100 + i;
-    (*dense)->Reset();
+    dense->Reset();
     std::vector<int32_t> prompt = model.tokenizer().Encode(starts[i], /*add_bos=*/true);
-    auto out = Generate(**dense, prompt, g);
+    auto out = Generate(*dense, prompt, g);
     REQUIRE(out.ok());
     text += starts[i] + out->text + "\n";
   }
-  (*dense)->Reset();
-  auto ppl_dense = ComputePerplexity(**dense, text, 128);
+  dense->Reset();
+  auto ppl_dense = ComputePerplexity(*dense, text, 128);
   REQUIRE(ppl_dense.ok());
-  auto ppl_sparse = ComputePerplexity(**sparse_session, text, 128);
+  auto ppl_sparse = ComputePerplexity(*sparse_session, text, 128);
   REQUIRE(ppl_sparse.ok());
-  const SparseFfnStats& st = (*sparse)->stats();
+  const SparseFfnStats& st = sparse->stats();
   const double n_ff = model.hparams().n_ff;
   WARN("ppl dense " << ppl_dense->ppl << " sparse " << ppl_sparse->ppl << " predicted "
                     << st.predicted / st.layer_tokens / n_ff << " fired "
@@ -93,17 +95,17 @@ TEST_CASE("relu-tiny sparse: perplexity, greedy continuations, oracle", "[sparse
   const nlohmann::json ref = LoadReference("relu-tiny.reference.json");
   for (const nlohmann::json& p : ref["prompts"]) {
     const std::vector<int32_t> prompt = p["prompt_ids"];
-    const std::vector<int32_t> want = Greedy(**dense, prompt, 32);
-    CHECK(Greedy(**sparse_session, prompt, 32) == want);
+    const std::vector<int32_t> want = Greedy(*dense, prompt, 32);
+    CHECK(Greedy(*sparse_session, prompt, 32) == want);
     // Oracle: the exact active set, so the logits equal dense up to summation order.
-    Greedy(**oracle_session, prompt, 1);
-    Greedy(**dense, prompt, 1);
+    Greedy(*oracle_session, prompt, 1);
+    Greedy(*dense, prompt, 1);
     const int64_t n_vocab = model.hparams().n_vocab;
     double diff = 0, scale = 0;
     for (int64_t i = 0; i < n_vocab; ++i) {
       diff =
-          std::max<double>(diff, std::fabs((*oracle_session)->logits()[i] - (*dense)->logits()[i]));
-      scale = std::max<double>(scale, std::fabs((*dense)->logits()[i]));
+          std::max<double>(diff, std::fabs(oracle_session->logits()[i] - dense->logits()[i]));
+      scale = std::max<double>(scale, std::fabs(dense->logits()[i]));
     }
     // Float sums reordered across ~n_ff terms per layer: relative 1e-4 is ~1000 ε.
     CHECK(diff <= 1e-4 * scale);

@@ -1,0 +1,269 @@
+#include "bench/cpu_device.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/cpu_ops.h"
+#include "engine/ops/matmul.h"
+#include "engine/sparse/sparse_ops.h"
+
+namespace thermocline {
+namespace {
+
+// Holds a reservation in a budget (the spec's, or one of its own) for the object's life.
+class Reservation {
+ public:
+  Reservation(gpu::MemoryBudget* shared, uint64_t cap)
+      : own_(cap), budget_(shared != nullptr ? shared : &own_) {}
+  ~Reservation() {
+    if (bytes_ > 0) budget_->Release(bytes_);
+  }
+  absl::Status Reserve(uint64_t bytes, std::string_view what) {
+    absl::Status s = budget_->Reserve(bytes, what);
+    if (s.ok()) bytes_ += gpu::MemoryBudget::Rounded(bytes);
+    return s;
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  gpu::MemoryBudget own_;
+  gpu::MemoryBudget* budget_;
+  uint64_t bytes_ = 0;
+};
+
+class CpuLayers : public gpu::GpuLayers {
+ public:
+  CpuLayers(const gpu::GpuLayersSpec& spec, std::atomic<int64_t>* calls)
+      : spec_(spec),
+        m_(*spec.model),
+        h_(spec.model->hparams()),
+        pool_(1),
+        calls_(calls),
+        reservation_(spec.budget, spec.memory_cap) {
+    k_.assign(h_.n_layer * spec.n_ctx * h_.kv_dim(), 0.0f);
+    v_.assign(k_.size(), 0.0f);
+    n_gpu_layers_ = std::count(spec.layers.begin(), spec.layers.end(), 1);
+    output_ = spec.output;
+  }
+
+  absl::Status Init() {
+    // What the CUDA backend allocates for this spec, reserved as it would be.
+    return reservation_.Reserve(gpu::ComputeGpuLayersMemory(spec_).Total(spec_),
+                                "the stand-in device's layers");
+  }
+
+  bool Owns(int64_t l) const override {
+    return l == h_.n_layer ? output_ : (l >= 0 && l < h_.n_layer && spec_.layers[l] != 0);
+  }
+  uint64_t device_bytes() const override { return reservation_.bytes(); }
+
+  absl::Status Forward(int64_t first, int64_t last, float* x, int64_t n, int64_t pos,
+                       const float* cs, float* logits, bool all_rows) override {
+    calls_->fetch_add(1);
+    const int64_t d = h_.n_embd, kvd = h_.kv_dim(), qd = h_.q_dim();
+    std::vector<float> xb(n * d), xn(n * d), q(n * qd), k(n * kvd), v(n * kvd), att(n * qd),
+        g(n * h_.n_ff), u(n * h_.n_ff), scores(spec_.n_ctx);
+    for (int64_t l = first; l < last; ++l) {
+      const LayerWeights& L = m_.layers()[l];
+      for (int64_t t = 0; t < n; ++t) {
+        RmsNorm(x + t * d, L.attn_norm.data(), d, h_.rms_eps, &xb[t * d]);
+      }
+      MatMul(pool_, L.wq, xb.data(), n, q.data(), scratch_);
+      MatMul(pool_, L.wk, xb.data(), n, k.data(), scratch_);
+      MatMul(pool_, L.wv, xb.data(), n, v.data(), scratch_);
+      float* kc = k_.data() + l * spec_.n_ctx * kvd;
+      float* vc = v_.data() + l * spec_.n_ctx * kvd;
+      for (int64_t t = 0; t < n; ++t) {
+        ApplyRope(&q[t * qd], h_.n_head, h_.head_dim, h_.rope_dim, cs + t * h_.rope_dim);
+        ApplyRope(&k[t * kvd], h_.n_head_kv, h_.head_dim, h_.rope_dim, cs + t * h_.rope_dim);
+        std::copy_n(&k[t * kvd], kvd, kc + (pos + t) * kvd);
+        std::copy_n(&v[t * kvd], kvd, vc + (pos + t) * kvd);
+      }
+      const int64_t group = h_.n_head / h_.n_head_kv;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(h_.head_dim));
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t head = 0; head < h_.n_head; ++head) {
+          const int64_t off = (head / group) * h_.head_dim, n_kv = pos + t + 1;
+          const float* qh = &q[t * qd + head * h_.head_dim];
+          for (int64_t j = 0; j < n_kv; ++j) {
+            float dot = 0.0f;
+            for (int64_t i = 0; i < h_.head_dim; ++i) dot += qh[i] * kc[j * kvd + off + i];
+            scores[j] = dot * scale;
+          }
+          Softmax(scores.data(), n_kv);
+          float* o = &att[t * qd + head * h_.head_dim];
+          std::fill_n(o, h_.head_dim, 0.0f);
+          for (int64_t j = 0; j < n_kv; ++j) {
+            for (int64_t i = 0; i < h_.head_dim; ++i) o[i] += scores[j] * vc[j * kvd + off + i];
+          }
+        }
+      }
+      MatMul(pool_, L.wo, att.data(), n, xb.data(), scratch_);
+      for (int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
+      for (int64_t t = 0; t < n; ++t) {
+        RmsNorm(x + t * d, L.ffn_norm.data(), d, h_.rms_eps, &xn[t * d]);
+      }
+      if (spec_.host_ffn != nullptr) {
+        // The hybrid layer: x and xn "down" to the host FFN, its output back.
+        spec_.host_ffn->Forward(static_cast<int>(l), x, xn.data(), n, xb.data());
+      } else {
+        MatMul(pool_, L.ffn_gate, xn.data(), n, g.data(), scratch_);
+        MatMul(pool_, L.ffn_up, xn.data(), n, u.data(), scratch_);
+        GatedActivation(h_.activation, g.data(), u.data(), n * h_.n_ff);
+        MatMul(pool_, L.ffn_down, g.data(), n, xb.data(), scratch_);
+      }
+      for (int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
+    }
+    if (logits != nullptr) {
+      const int64_t from = all_rows ? 0 : n - 1;
+      for (int64_t t = from; t < n; ++t) {
+        RmsNorm(x + t * d, m_.output_norm().data(), d, h_.rms_eps, &xb[t * d]);
+      }
+      MatMul(pool_, m_.output(), &xb[from * d], n - from, logits, scratch_);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  gpu::GpuLayersSpec spec_;
+  const LlamaModel& m_;
+  const LlamaHparams& h_;
+  ThreadPool pool_;
+  std::atomic<int64_t>* calls_;
+  Reservation reservation_;
+  std::vector<float> k_, v_;
+  MatMulScratch scratch_;
+};
+
+// The device part of a hybrid FFN: the listed device neurons through the scalar references.
+class CpuFfnExecutor : public gpu::GpuFfnExecutor {
+ public:
+  CpuFfnExecutor(const gpu::GpuFfnSpec& spec, std::atomic<int64_t>* launches)
+      : spec_(spec), launches_(launches), reservation_(spec.budget, spec.memory_cap) {
+    for (const gpu::GpuFfnLayerSpec& l : spec.layers) {
+      tables_.emplace_back(l.device_neurons.begin(), l.device_neurons.end());
+    }
+    for (const gpu::GpuFfnLayerSpec& l : spec.layers) {
+      b1_.emplace_back(l.b1.begin(), l.b1.end());
+      b2_.emplace_back(l.b2.begin(), l.b2.end());
+    }
+    // The spec's spans need not outlive Create (its weight views must, as on a GPU they are
+    // uploaded from them).
+    for (size_t l = 0; l < spec_.layers.size(); ++l) {
+      spec_.layers[l].device_neurons = tables_[l];
+      spec_.layers[l].b1 = b1_[l];
+      spec_.layers[l].b2 = b2_[l];
+    }
+    idx_.resize(spec.n_ff);
+    gate_.resize(spec.n_ff);
+    up_.resize(spec.n_ff);
+    logits_.resize(spec.n_ff);
+    out_.resize(spec.n_embd);
+  }
+
+  absl::Status Init() {
+    for (size_t l = 0; l < spec_.layers.size(); ++l) {
+      const gpu::GpuFfnLayerSpec& s = spec_.layers[l];
+      const uint64_t n = s.device_neurons.size();
+      if (n == 0) continue;
+      for (const WeightView* w : {&s.gate, &s.up, &s.down_t}) {
+        if (absl::Status r = reservation_.Reserve(n * RowBytes(w->type, w->cols),
+                                                  absl::StrCat("layer ", l, " device rows"));
+            !r.ok()) {
+          return r;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Launch(int layer, const float* xn, const int32_t* active,
+                      int64_t n_active) override {
+    launches_->fetch_add(1);
+    const gpu::GpuFfnLayerSpec& s = spec_.layers[layer];
+    int64_t n = 0;
+    if (active != nullptr) {
+      std::copy_n(active, n_active, idx_.begin());
+      n = n_active;
+    } else if (s.rank > 0) {
+      std::vector<float> hidden(s.rank);
+      MatMulReference(s.fc1, xn, 1, hidden.data());
+      for (int64_t j = 0; j < s.rank; ++j) hidden[j] = std::max(0.0f, hidden[j] + b1_[layer][j]);
+      MatMulReference(s.fc2, hidden.data(), 1, logits_.data());
+      for (int32_t i : tables_[layer]) {
+        if (logits_[i] + b2_[layer][i] > s.threshold) idx_[n++] = i;
+      }
+    } else {
+      std::copy(tables_[layer].begin(), tables_[layer].end(), idx_.begin());
+      n = static_cast<int64_t>(tables_[layer].size());
+    }
+    predicted_ = n;
+    SparseMatVecReference(s.gate, xn, idx_.data(), n, gate_.data());
+    SparseMatVecReference(s.up, xn, idx_.data(), n, up_.data());
+    GatedActivation(spec_.activation, gate_.data(), up_.data(), n);
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (gate_[j] != 0.0f && std::fabs(gate_[j]) > s.magnitude_threshold) {
+        idx_[m] = idx_[j];
+        gate_[m++] = gate_[j];
+      }
+    }
+    fired_ = m;
+    std::fill(out_.begin(), out_.end(), 0.0f);
+    SparseAxpyReference(s.down_t, idx_.data(), gate_.data(), m, out_.data());
+    return absl::OkStatus();
+  }
+
+  absl::Status Wait(float* out, int64_t* n_predicted, int64_t* n_fired) override {
+    std::copy(out_.begin(), out_.end(), out);
+    if (n_predicted != nullptr) *n_predicted = predicted_;
+    if (n_fired != nullptr) *n_fired = fired_;
+    return absl::OkStatus();
+  }
+
+  uint64_t device_bytes() const override { return reservation_.bytes(); }
+
+ private:
+  gpu::GpuFfnSpec spec_;
+  std::atomic<int64_t>* launches_;
+  Reservation reservation_;
+  std::vector<std::vector<int32_t>> tables_;
+  std::vector<std::vector<float>> b1_, b2_;
+  std::vector<int32_t> idx_;
+  std::vector<float> gate_, up_, logits_, out_;
+  int64_t predicted_ = 0, fired_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<gpu::DeviceInfo> CpuStandInDevice::Probe(int index) const {
+  if (index != 0) return absl::NotFoundError("the CPU stand-in is device 0");
+  gpu::DeviceInfo info;
+  info.name = "CPU stand-in device";
+  info.compute_major = 8;
+  info.total_bytes = info.free_bytes = free_bytes_;
+  info.multiprocessors = 1;
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> CpuStandInDevice::CreateLayers(
+    const gpu::GpuLayersSpec& spec) const {
+  if (spec.model == nullptr ||
+      static_cast<int64_t>(spec.layers.size()) != spec.model->hparams().n_layer) {
+    return absl::InvalidArgumentError("stand-in layers: a spec of the model's layers");
+  }
+  auto layers = std::make_unique<CpuLayers>(spec, &layer_calls_);
+  if (absl::Status s = layers->Init(); !s.ok()) return s;
+  return std::unique_ptr<gpu::GpuLayers>(std::move(layers));
+}
+
+absl::StatusOr<std::unique_ptr<gpu::GpuFfnExecutor>> CpuStandInDevice::CreateFfnExecutor(
+    const gpu::GpuFfnSpec& spec) const {
+  auto e = std::make_unique<CpuFfnExecutor>(spec, &ffn_launches_);
+  if (absl::Status s = e->Init(); !s.ok()) return s;
+  return std::unique_ptr<gpu::GpuFfnExecutor>(std::move(e));
+}
+
+}  // namespace thermocline

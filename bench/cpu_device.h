@@ -1,0 +1,39 @@
+// A CPU stand-in for the GPU (engine/gpu/device.h), so that the engine's front door, its device
+// plan, its one memory budget and the hybrid split and merge run on any machine. Its whole
+// layers compute attention, the dense FFN (or the host FFN of a hybrid layer) and the head with
+// the CPU's operators and a KV cache of their own; its FFN executor computes the device part of
+// a hybrid layer with the scalar sparse references. Both reserve in the spec's budget the bytes
+// the CUDA backend would (gpu::ComputeGpuLayersMemory, the device rows), so a cap refuses here
+// what it refuses on a GPU. Test and benchmark use only: it is slow and allocates per call.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "engine/gpu/device.h"
+
+namespace thermocline {
+
+class CpuStandInDevice : public gpu::Device {
+ public:
+  // free_bytes: the device memory Probe reports.
+  explicit CpuStandInDevice(uint64_t free_bytes = uint64_t{64} << 30) : free_bytes_(free_bytes) {}
+
+  absl::StatusOr<gpu::DeviceInfo> Probe(int index) const override;
+  absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> CreateLayers(
+      const gpu::GpuLayersSpec& spec) const override;
+  absl::StatusOr<std::unique_ptr<gpu::GpuFfnExecutor>> CreateFfnExecutor(
+      const gpu::GpuFfnSpec& spec) const override;
+
+  // Calls into what it created so far: layer runs handed to its layers, and FFN launches.
+  int64_t layer_calls() const { return layer_calls_.load(); }
+  int64_t ffn_launches() const { return ffn_launches_.load(); }
+
+ private:
+  const uint64_t free_bytes_;
+  mutable std::atomic<int64_t> layer_calls_{0};
+  mutable std::atomic<int64_t> ffn_launches_{0};
+};
+
+}  // namespace thermocline

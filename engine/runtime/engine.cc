@@ -1,0 +1,345 @@
+// The engine's front door: plans where a model's parts run, builds the shared sparse copies once
+// and wires each session's Session, SparseFfn and GpuLayers together.
+#include "engine/runtime/engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace thermocline {
+namespace {
+
+// Stands in for the sparse FFN while the device memory of hybrid layers is computed (which only
+// asks whether the FFN runs on the host).
+class HostFfnPlaceholder : public FfnBackend {
+ public:
+  void Forward(int, const float*, const float*, int64_t, float*) override {}
+};
+
+std::string MiB(uint64_t bytes) { return absl::StrCat(bytes >> 20, " MiB"); }
+
+int64_t CountOn(const std::vector<uint8_t>& v) { return std::count(v.begin(), v.end(), 1); }
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Engine>> Engine::Create(const LlamaModel& model,
+                                                             std::optional<SparsePlan> plan,
+                                                             const EngineOptions& options,
+                                                             ThreadPool& build_pool) {
+  const LlamaHparams& h = model.hparams();
+  if (options.n_ctx < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("context length ", options.n_ctx));
+  }
+  int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : h.n_ctx_train;
+  if (n_ctx <= 0) n_ctx = 2048;  // a file that does not say
+  if (options.max_batch < 1 || options.max_batch > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch ", options.max_batch, " must be in [1, 4096]"));
+  }
+  if (options.gpu_layers != kNoGpuLayers && options.gpu_layers != gpu::kAutoLayers &&
+      options.gpu_layers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-layers ", options.gpu_layers));
+  }
+  std::vector<SparseLayerPlan> layers;
+  if (plan.has_value()) {
+    if (static_cast<int64_t>(plan->layers.size()) != h.n_layer) {
+      return absl::InvalidArgumentError(absl::StrCat("the sparse plan has ", plan->layers.size(),
+                                                     " layers, the model ", h.n_layer));
+    }
+    if (!plan->attention_gpu.empty() &&
+        static_cast<int64_t>(plan->attention_gpu.size()) != h.n_layer) {
+      return absl::InvalidArgumentError("the sparse plan's attention placement has the wrong "
+                                        "number of layers");
+    }
+    if (plan->source == SparsePlan::Source::kOracle) plan->oracle = true;
+    layers = std::move(plan->layers);
+    plan->layers.clear();
+  }
+  std::shared_ptr<Engine> engine(new Engine(model, std::move(plan), options, n_ctx));
+  if (engine->plan_.has_value()) {
+    absl::StatusOr<std::shared_ptr<const SparseWeights>> weights =
+        SparseWeights::Build(model, std::move(layers), build_pool);
+    if (!weights.ok()) return weights.status();
+    engine->weights_ = *std::move(weights);
+  }
+  if (absl::Status s = engine->PlanDevice(); !s.ok()) return s;
+  return std::shared_ptr<const Engine>(std::move(engine));
+}
+
+Engine::Engine(const LlamaModel& model, std::optional<SparsePlan> plan,
+               const EngineOptions& options, int64_t n_ctx)
+    : model_(model), plan_(std::move(plan)), options_(options), n_ctx_(n_ctx) {
+  const LlamaHparams& h = model.hparams();
+  placement_.gpu_requested = options.gpu_requested();
+  placement_.n_layer = h.n_layer;
+  placement_.ffn_neurons = h.n_layer * h.n_ff;
+  placement_.sparse = plan_.has_value();
+  if (plan_.has_value()) {
+    placement_.oracle = plan_->oracle;
+    placement_.sparse_source = plan_->source;
+  }
+}
+
+Engine::~Engine() = default;
+
+const gpu::Device& Engine::device() const {
+  return options_.device != nullptr ? *options_.device : gpu::CudaDevice();
+}
+
+absl::Status Engine::PlanDevice() {
+  if (!options_.gpu_requested()) return absl::OkStatus();
+  absl::StatusOr<gpu::DeviceInfo> info = device().Probe(options_.device_index);
+  if (!info.ok()) {
+    if (!absl::IsUnavailable(info.status()) && !absl::IsNotFound(info.status())) {
+      return info.status();
+    }
+    placement_.note = std::string(info.status().message());
+    return absl::OkStatus();
+  }
+  const uint64_t free =
+      info->free_bytes > kDeviceReserveBytes ? info->free_bytes - kDeviceReserveBytes : 0;
+  uint64_t cap = free;
+  if (options_.gpu_memory > 0) {
+    cap = std::min(options_.gpu_memory, free);
+    if (cap < options_.gpu_memory) {
+      placement_.note = absl::StrCat("--gpu-memory ", MiB(options_.gpu_memory), " is more than ",
+                                     info->name, " has free (", MiB(info->free_bytes),
+                                     ", less ", MiB(kDeviceReserveBytes),
+                                     " for the CUDA context and cuBLAS): capped at ", MiB(cap));
+    }
+  }
+  budget_ = std::make_unique<gpu::MemoryBudget>(cap);
+  placement_.gpu_cap = cap;
+  const LlamaHparams& h = model_.hparams();
+
+  if (options_.gpu_layers != kNoGpuLayers || !plan_.has_value()) {
+    // Whole layers, dense, the first ones (-ngl); the sparse FFN (if any) runs the CPU layers.
+    const int64_t requested =
+        options_.gpu_layers == kNoGpuLayers ? gpu::kAutoLayers : options_.gpu_layers;
+    if (requested == 0) return absl::OkStatus();
+    absl::StatusOr<gpu::GpuLayersSpec> spec =
+        gpu::PlanWholeLayers(model_, requested, n_ctx_, options_.max_batch, cap);
+    if (!spec.ok()) return spec.status();
+    const int64_t n = CountOn(spec->layers);
+    if (n == 0) {
+      if (placement_.note.empty()) {
+        placement_.note = absl::StrCat("no whole layer fits in ", MiB(cap), " of device memory");
+      }
+      return absl::OkStatus();
+    }
+    layers_spec_ = *std::move(spec);
+    whole_layers_ = true;
+    use_device_ = true;
+    placement_.device = info->name;
+    placement_.gpu_layers = n;
+    placement_.output_gpu = layers_spec_.output;
+    placement_.gpu_bytes = gpu::ComputeGpuLayersMemory(layers_spec_).Total(layers_spec_);
+    return absl::OkStatus();
+  }
+
+  // The hybrid placement: the plan's attention layers (and head) on the device, its device
+  // neurons there too.
+  layers_spec_.model = &model_;
+  layers_spec_.layers.assign(h.n_layer, 0);
+  if (!plan_->attention_gpu.empty()) layers_spec_.layers = plan_->attention_gpu;
+  layers_spec_.output = plan_->output_gpu && h.n_layer > 0 && layers_spec_.layers[h.n_layer - 1];
+  layers_spec_.n_ctx = n_ctx_;
+  layers_spec_.max_batch = options_.max_batch;
+  int64_t neurons = 0;
+  for (const SparseLayerPlan& p : weights_->plan()) {
+    neurons += static_cast<int64_t>(p.device_neurons.size());
+  }
+  const int64_t n_attn = CountOn(layers_spec_.layers);
+  if (neurons == 0 && n_attn == 0) {
+    placement_.note =
+        "the sparse plan places nothing on the GPU (solve its placement for this machine: "
+        "thermocline solve --gpu-memory BYTES)";
+    return absl::OkStatus();
+  }
+  use_device_ = true;
+  placement_.device = info->name;
+  placement_.attention_gpu_layers = n_attn;
+  placement_.output_gpu = layers_spec_.output;
+  placement_.gpu_neurons = neurons;
+  return absl::OkStatus();
+}
+
+SparseFfnOptions Engine::FfnOptions(bool on_device) const {
+  SparseFfnOptions o;
+  o.oracle = plan_->oracle;
+  o.dense_prefill = options_.dense_prefill;
+  if (on_device) {
+    o.gpu = true;
+    o.gpu_budget = budget_.get();
+    o.gpu_memory = budget_->cap();
+    o.device = &device();
+  }
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* pool) const {
+  std::unique_ptr<EngineSession> s(new EngineSession());
+  s->engine_ = shared_from_this();
+  SessionOptions so;
+  so.n_ctx = n_ctx_;
+  so.max_batch = options_.max_batch;
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Create(model_, pool, so);
+  if (!session.ok()) return session.status();
+  s->session_ = *std::move(session);
+  EnginePlacement& p = s->placement_;
+  p.gpu_requested = placement_.gpu_requested;
+  p.n_layer = placement_.n_layer;
+  p.ffn_neurons = placement_.ffn_neurons;
+  p.sparse = placement_.sparse;
+  p.oracle = placement_.oracle;
+  p.sparse_source = placement_.sparse_source;
+  p.gpu_cap = placement_.gpu_cap;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    p.note = placement_.note;  // why the plan itself left parts off the device
+  }
+  if (weights_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<SparseFfn>> ffn =
+        SparseFfn::Create(weights_, pool, FfnOptions(/*on_device=*/false));
+    if (!ffn.ok()) return ffn.status();
+    s->sparse_ = *std::move(ffn);
+    s->sparse_->set_session(s->session_.get());
+    s->session_->set_ffn_backend(s->sparse_.get());
+  }
+  if (use_device_) {
+    if (absl::Status st = AttachDevice(s.get(), pool); !st.ok()) return st;
+  }
+  Realized(p);
+  return s;
+}
+
+absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
+  EnginePlacement& p = s->placement_;
+  if (whole_layers_) {
+    gpu::GpuLayersSpec spec = layers_spec_;
+    spec.budget = budget_.get();
+    absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> layers = device().CreateLayers(spec);
+    if (!layers.ok()) {
+      if (!absl::IsResourceExhausted(layers.status()) && !absl::IsUnavailable(layers.status())) {
+        return layers.status();
+      }
+      p.note = absl::StrCat("whole layers on the device: ", layers.status().message(),
+                            "; this session runs on the CPU");
+      return absl::OkStatus();
+    }
+    s->layers_ = *std::move(layers);
+    s->session_->set_layer_backend(s->layers_.get());
+    p.device = placement_.device;
+    p.gpu_layers = s->layers_->n_gpu_layers();
+    p.output_gpu = s->layers_->output_on_gpu();
+    p.gpu_bytes = s->layers_->device_bytes();
+    return absl::OkStatus();
+  }
+
+  const int64_t n_attn = CountOn(layers_spec_.layers);
+  const bool neurons_on_device = placement_.gpu_neurons > 0;
+  std::string why;
+  for (bool with_attention : {true, false}) {
+    if (with_attention && n_attn == 0) continue;
+    if (!with_attention && !neurons_on_device) break;
+    gpu::GpuLayersSpec spec = layers_spec_;
+    spec.budget = budget_.get();
+    HostFfnPlaceholder placeholder;
+    spec.host_ffn = &placeholder;
+    const uint64_t layer_bytes =
+        with_attention ? gpu::ComputeGpuLayersMemory(spec).Total(spec) : 0;
+    // The layers' memory is held while the FFN's device part is uploaded, so that the hot
+    // neurons take only what the layers leave.
+    if (layer_bytes > 0) {
+      if (absl::Status r = budget_->Reserve(layer_bytes, "the hybrid layers"); !r.ok()) {
+        why = std::string(r.message());
+        continue;
+      }
+    }
+    absl::StatusOr<std::unique_ptr<SparseFfn>> ffn =
+        SparseFfn::Create(weights_, pool, FfnOptions(neurons_on_device));
+    if (layer_bytes > 0) budget_->Release(layer_bytes);
+    if (!ffn.ok()) {
+      if (!absl::IsResourceExhausted(ffn.status())) return ffn.status();
+      why = std::string(ffn.status().message());
+      continue;
+    }
+    if (neurons_on_device && !(*ffn)->gpu_status().ok()) {
+      why = std::string((*ffn)->gpu_status().message());
+      break;
+    }
+    std::unique_ptr<gpu::GpuLayers> layers;
+    if (with_attention) {
+      spec.host_ffn = ffn->get();
+      absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> l = device().CreateLayers(spec);
+      if (!l.ok()) {
+        if (!absl::IsResourceExhausted(l.status()) && !absl::IsInvalidArgument(l.status())) {
+          return l.status();
+        }
+        why = std::string(l.status().message());
+        continue;
+      }
+      layers = *std::move(l);
+    }
+    s->session_->set_ffn_backend(nullptr);
+    s->sparse_ = *std::move(ffn);
+    s->sparse_->set_session(s->session_.get());
+    s->session_->set_ffn_backend(s->sparse_.get());
+    s->layers_ = std::move(layers);
+    s->session_->set_layer_backend(s->layers_.get());
+    p.device = placement_.device;
+    p.attention_gpu_layers = with_attention ? n_attn : 0;
+    p.output_gpu = with_attention && layers_spec_.output;
+    p.gpu_neurons = neurons_on_device ? placement_.gpu_neurons : 0;
+    p.gpu_bytes = s->device_bytes();
+    if (!with_attention && n_attn > 0) {
+      p.note = absl::StrCat("the placement's ", n_attn, " attention layers do not fit beside its ",
+                            "hot neurons (", why, "): hot neurons only");
+    }
+    return absl::OkStatus();
+  }
+  p.note = absl::StrCat("the hybrid placement does not fit on the device (", why,
+                        "); this session runs on the CPU");
+  return absl::OkStatus();
+}
+
+void Engine::Realized(const EnginePlacement& p) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The first session decides what the model reports, unless it missed the device and a later
+  // one reached it.
+  if (!realized_ || (p.gpu_bytes > 0 && placement_.gpu_bytes == 0)) {
+    placement_ = p;
+    realized_ = true;
+  }
+}
+
+EnginePlacement Engine::placement() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return placement_;
+}
+
+std::string DescribePlacement(const EnginePlacement& p) {
+  std::string out;
+  if (p.device.empty()) {
+    out = "all on the CPU";
+  } else if (p.gpu_layers > 0) {
+    out = absl::StrCat(p.gpu_layers, "/", p.n_layer, " whole layers",
+                       p.output_gpu ? " and the output head" : "", " on ", p.device);
+  } else {
+    out = absl::StrCat("hybrid on ", p.device, ": ", p.attention_gpu_layers, "/", p.n_layer,
+                       " attention layers", p.output_gpu ? " and the output head" : "", ", ",
+                       p.gpu_neurons, " of ", p.ffn_neurons, " FFN neurons");
+  }
+  if (p.gpu_bytes > 0) absl::StrAppend(&out, " (", p.gpu_bytes >> 20, " MiB of device memory)");
+  if (!p.note.empty()) absl::StrAppend(&out, "; ", p.note);
+  return out;
+}
+
+EngineSession::~EngineSession() = default;
+
+uint64_t EngineSession::device_bytes() const {
+  return (layers_ != nullptr ? layers_->device_bytes() : 0) +
+         (sparse_ != nullptr ? sparse_->gpu_device_bytes() : 0);
+}
+
+}  // namespace thermocline

@@ -1,0 +1,75 @@
+// What the engine needs to run a model sparse: per layer the predictor, thresholds and the
+// placement's device neurons, plus where the placement puts attention and the output head and a
+// typed summary of the placement and the profile it came from. Built by offline/sparse_source.h
+// (from a sidecar, a PowerInfer file's own predictors, or the oracle) and read by the engine's
+// front door (engine/runtime/engine.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/llama_model.h"
+#include "engine/ops/weight_layout.h"
+
+namespace thermocline {
+
+// One layer's sparse FFN.
+struct SparseLayerPlan {
+  int64_t rank = 0;                     // 0: no predictor, every neuron is a candidate
+  OwnedWeight fc1;                      // (rank, n_embd), any type with kernels
+  std::vector<float> b1;                // (rank)
+  OwnedWeight fc2;                      // (n_ff, rank)
+  std::vector<float> b2;                // (n_ff)
+  float threshold = 0.0f;               // predicted active iff logit > threshold
+  float magnitude_threshold = 0;        // fired iff |act| > this
+  std::vector<int32_t> device_neurons;  // the placement's device part (empty: all host)
+  std::vector<int32_t> fire_count;      // (n_ff) firings in the profile (empty: none)
+};
+
+// The solved placement as its sidecar states it.
+struct PlacementSummary {
+  bool solved = false;
+  int64_t gpu_neurons = 0;  // FFN neurons the placement puts on the GPU, all layers
+  int64_t cpu_neurons = 0;
+  uint64_t gpu_memory = 0;  // device bytes the placement uses
+  std::string objective;    // "time" or "frequency"; "" when not solved
+  std::string hardware;     // the hardware profile it was solved for
+  double modelled_tokens_per_s = 0;
+};
+
+// The activation profile the predictors were trained on.
+struct ProfileSummary {
+  double sparsity = 0;  // mean over layers
+  double recall = 0;    // the predictors' mean held-out recall
+  int64_t layers = 0;
+  int64_t tokens = 0;
+  std::string corpus;  // "corpus" or "self-generated"; "" when there is no profile
+};
+
+struct SparsePlan {
+  enum class Source {
+    kSidecar,          // a sidecar of ours (thermocline profile)
+    kModelPredictors,  // a PowerInfer file's own predictors (blk.N.fc1/fc2)
+    kOracle,           // no predictors: the exact active set from dense gate/up
+  };
+  Source source = Source::kSidecar;
+  std::string sidecar_path;  // kSidecar
+  // Exact active sets (dense gate/up) instead of the predictors; always for kOracle.
+  bool oracle = false;
+  std::vector<SparseLayerPlan> layers;  // (n_layer)
+  std::vector<uint8_t> attention_gpu;   // (n_layer) 1: the placement puts attention on the GPU
+  bool output_gpu = false;              // the placement puts the output head on the GPU
+  PlacementSummary placement;
+  ProfileSummary profile;
+};
+// "sidecar", "powerinfer", "oracle".
+const char* SparseSourceName(SparsePlan::Source source);
+
+// The plan of a model that carries its predictors (a PowerInfer file: blk.N.fc1/fc2, no
+// biases, threshold powerinfer.sparse_threshold); the views point into the model.
+// FailedPrecondition when it carries none.
+absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromModel(const LlamaModel& model);
+
+}  // namespace thermocline

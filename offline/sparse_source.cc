@@ -1,0 +1,175 @@
+// Sparse plans from sidecars, PowerInfer predictors and the oracle; the choice among them.
+#include "offline/sparse_source.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+
+namespace thermocline::offline {
+
+namespace {
+
+// |act| quantile at level q in [0, 1] from kQuantileLevels evenly spaced quantiles.
+float QuantileAt(const std::vector<float>& quantiles, double q) {
+  if (quantiles.empty()) return 0.0f;
+  const double pos = std::clamp(q, 0.0, 1.0) * (quantiles.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, quantiles.size() - 1);
+  const double f = pos - lo;
+  return static_cast<float>(quantiles[lo] * (1 - f) + quantiles[hi] * f);
+}
+
+}  // namespace
+
+absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const LlamaModel& model,
+                                                 double target_sparsity) {
+  if (absl::Status s = CheckSidecarMatches(sidecar, model); !s.ok()) return s;
+  SparsePlan result;
+  result.source = SparsePlan::Source::kSidecar;
+  std::vector<SparseLayerPlan>& plan = result.layers;
+  plan.resize(sidecar.layers.size());
+  result.attention_gpu.assign(sidecar.layers.size(), 0);
+  for (size_t l = 0; l < plan.size(); ++l) {
+    const SidecarLayer& s = sidecar.layers[l];
+    SparseLayerPlan& p = plan[l];
+    const Predictor& pr = s.predictor;
+    if (pr.rank > 0) {
+      // The sidecar holds fc1/fc2 as F16; in memory they are F16-rounded floats: exact.
+      p.rank = pr.rank;
+      p.fc1 = MakeWeight(GgmlType::kF16, pr.fc1.data(), pr.rank, pr.n_embd);
+      p.fc2 = MakeWeight(GgmlType::kF16, pr.fc2.data(), pr.n_ff, pr.rank);
+      p.b1 = pr.b1;
+      p.b2 = pr.b2;
+      p.threshold = pr.threshold;
+    }
+    p.magnitude_threshold = s.magnitude_threshold;
+    if (static_cast<int64_t>(s.fire_count.size()) == model.hparams().n_ff) {
+      p.fire_count = s.fire_count;  // lays the rows out hottest first
+    }
+    if (target_sparsity > 0 && model.hparams().activation == FfnActivation::kSilu) {
+      p.magnitude_threshold = QuantileAt(s.act_abs_quantiles, target_sparsity);
+    }
+    result.attention_gpu[l] = s.attention_gpu ? 1 : 0;
+    if (!s.neuron_order.empty()) {
+      if (s.n_gpu < 0 || s.n_gpu > static_cast<int64_t>(s.neuron_order.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("sidecar layer ", l, ": n_gpu ", s.n_gpu));
+      }
+      p.device_neurons.assign(s.neuron_order.begin(), s.neuron_order.begin() + s.n_gpu);
+    }
+  }
+  result.output_gpu = sidecar.placement.present && sidecar.placement.output_gpu;
+  result.placement = SummarizePlacement(sidecar);
+  result.profile = SummarizeProfile(sidecar);
+  return result;
+}
+
+
+absl::StatusOr<SparsePlan> LoadSparsePlan(const std::string& path, const LlamaModel& model,
+                                          double target_sparsity) {
+  absl::StatusOr<Sidecar> sidecar = LoadSidecarFor(path, model);
+  if (!sidecar.ok()) return sidecar.status();
+  absl::StatusOr<SparsePlan> plan = SparsePlanFromSidecar(*sidecar, model, target_sparsity);
+  if (!plan.ok()) return plan.status();
+  plan->sidecar_path = path;
+  return plan;
+}
+
+PlacementSummary SummarizePlacement(const Sidecar& sidecar) {
+  PlacementSummary p;
+  for (const SidecarLayer& l : sidecar.layers) p.gpu_neurons += l.n_gpu;
+  p.cpu_neurons = sidecar.n_layer * sidecar.n_ff - p.gpu_neurons;
+  const SidecarPlacement& s = sidecar.placement;
+  p.solved = s.present;
+  if (s.present) {
+    p.gpu_memory = s.gpu_bytes;
+    p.objective = s.objective;
+    p.hardware = s.hardware;
+    p.modelled_tokens_per_s = s.tokens_per_s;
+  }
+  return p;
+}
+
+ProfileSummary SummarizeProfile(const Sidecar& sidecar) {
+  ProfileSummary p;
+  for (const SidecarLayer& l : sidecar.layers) {
+    p.sparsity += l.sparsity;
+    p.recall += l.recall;
+  }
+  const double n = std::max<double>(1, static_cast<double>(sidecar.layers.size()));
+  p.sparsity /= n;
+  p.recall /= n;
+  p.layers = static_cast<int64_t>(sidecar.layers.size());
+  p.tokens = sidecar.tokens;
+  p.corpus = sidecar.corpus_kind;
+  return p;
+}
+
+absl::StatusOr<SparseMode> ParseSparseMode(const std::string& text, const std::string& what) {
+  if (text == "off") return SparseMode::kOff;
+  if (text == "on") return SparseMode::kOn;
+  if (text == "auto") return SparseMode::kAuto;
+  return absl::InvalidArgumentError(absl::StrCat(what, " ", text, ": use off, on or auto"));
+}
+
+absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
+                                                 const SparseRequest& request) {
+  ResolvedSparse out;
+  if (request.mode == SparseMode::kOff) return out;
+  if (request.target_sparsity < 0 || request.target_sparsity >= 1) {
+    return absl::InvalidArgumentError("the target sparsity must be in [0, 1)");
+  }
+  auto with_oracle = [&](SparsePlan plan) {
+    plan.oracle = plan.oracle || request.oracle;
+    out.plan = std::move(plan);
+    return std::move(out);
+  };
+  if (!request.sidecar.empty()) {
+    absl::StatusOr<SparsePlan> plan =
+        LoadSparsePlan(request.sidecar, model, request.target_sparsity);
+    if (!plan.ok()) {
+      return absl::Status(plan.status().code(),
+                          absl::StrCat("sidecar ", request.sidecar, ": ", plan.status().message()));
+    }
+    return with_oracle(*std::move(plan));
+  }
+  if (!request.model_path.empty()) {
+    const std::string beside = request.model_path + ".thermo.gguf";
+    std::error_code ec;
+    if (std::filesystem::exists(beside, ec)) {
+      absl::StatusOr<SparsePlan> plan = LoadSparsePlan(beside, model, request.target_sparsity);
+      if (plan.ok()) return with_oracle(*std::move(plan));
+      if (request.mode == SparseMode::kOn) {
+        return absl::Status(plan.status().code(),
+                            absl::StrCat("sidecar ", beside, ": ", plan.status().message()));
+      }
+      out.warning = absl::StrCat("ignoring ", beside, " (", plan.status().message(),
+                                 "); serving dense");
+      return out;
+    }
+  }
+  if (model.carries_predictors()) {
+    absl::StatusOr<std::vector<SparseLayerPlan>> layers = SparsePlanFromModel(model);
+    if (!layers.ok()) return layers.status();
+    SparsePlan plan;
+    plan.source = SparsePlan::Source::kModelPredictors;
+    plan.layers = *std::move(layers);
+    return with_oracle(std::move(plan));
+  }
+  if (request.mode == SparseMode::kOn && request.oracle) {
+    SparsePlan plan;
+    plan.source = SparsePlan::Source::kOracle;
+    plan.oracle = true;
+    plan.layers.resize(model.hparams().n_layer);
+    return with_oracle(std::move(plan));
+  }
+  if (request.mode == SparseMode::kOn) {
+    return absl::InvalidArgumentError(
+        "sparse on needs a sidecar: --sidecar FILE (config key `sidecar`), or MODEL.thermo.gguf "
+        "beside the model (thermocline profile makes one)");
+  }
+  return out;
+}
+
+}  // namespace thermocline::offline

@@ -1,0 +1,294 @@
+// The engine's front door (engine/runtime/engine.h) with a device: whole layers (-ngl), the
+// hybrid placement (attention layers and hot neurons on the device, the rest on the CPU) under
+// caps that hold all of it, only the hot neurons, or nothing, and the one budget that sessions
+// share. The device is the CPU stand-in (bench/cpu_device.h), so these are the split and merge
+// that `serve --gpu-memory` uses, checked on every machine ([gpu]); the same cases run on the
+// CUDA backend where a device exists ([cuda]). Without a device the front door serves from the
+// CPU and says why.
+#include "engine/runtime/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "bench/cpu_device.h"
+#include "engine/gpu/gpu_backend.h"
+#include "model_fixtures.h"
+
+namespace thermocline {
+namespace {
+
+using testing::CachedModel;
+using testing::NewEngineSession;
+using testing::TestModelPath;
+
+const std::vector<int32_t> kPrompt = {1, 403, 261, 290, 7, 45, 300};
+
+EngineOptions Options(const gpu::Device* device) {
+  EngineOptions o;
+  o.n_ctx = 96;
+  o.max_batch = 4;  // the prompt crosses chunks
+  o.device = device;
+  return o;
+}
+
+// Every row's logits of the prompt from an empty cache.
+std::vector<float> PromptLogits(Session& s) {
+  std::vector<float> all(kPrompt.size() * s.model().hparams().n_vocab);
+  s.Reset();
+  REQUIRE(s.Eval(kPrompt, all.data()).ok());
+  return all;
+}
+
+double MaxRelDiff(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::fabs(double{got[i]} - want[i]));
+    scale = std::max(scale, std::fabs(double{want[i]}));
+  }
+  return diff / std::max(scale, 1e-6);
+}
+
+// The oracle plan (exact active sets: equal to dense up to summation order) with attention on
+// the device where `attention` says, the head there when `head`, and a random `fraction` of
+// every layer's neurons on the device.
+SparsePlan OraclePlan(const LlamaModel& model, std::vector<uint8_t> attention, bool head,
+                      double fraction, uint32_t seed) {
+  const LlamaHparams& h = model.hparams();
+  SparsePlan plan;
+  plan.source = SparsePlan::Source::kOracle;
+  plan.oracle = true;
+  plan.layers.resize(h.n_layer);
+  std::mt19937 rng(seed);
+  for (SparseLayerPlan& p : plan.layers) {
+    for (int32_t i = 0; i < h.n_ff; ++i) {
+      if (std::uniform_real_distribution<>(0, 1)(rng) < fraction) p.device_neurons.push_back(i);
+    }
+  }
+  plan.attention_gpu = std::move(attention);
+  plan.output_gpu = head;
+  return plan;
+}
+
+void WholeLayers(const gpu::Device* device, const LlamaModel& model) {
+  const LlamaHparams& h = model.hparams();
+  ThreadPool pool(2);
+  auto cpu = NewEngineSession(model, std::nullopt, pool, Options(nullptr));
+  const std::vector<int32_t> want = testing::GreedyIds(cpu->session(), kPrompt, 24);
+  const std::vector<float> want_logits = PromptLogits(cpu->session());
+  for (int64_t n : {int64_t{1}, h.n_layer / 2, gpu::kAutoLayers}) {
+    INFO("--gpu-layers " << n);
+    EngineOptions o = Options(device);
+    o.gpu_layers = n;
+    auto s = NewEngineSession(model, std::nullopt, pool, o);
+    const EnginePlacement& p = s->placement();
+    CHECK(p.note.empty());
+    CHECK_FALSE(p.device.empty());
+    CHECK(p.gpu_layers == (n == gpu::kAutoLayers ? h.n_layer : n));
+    CHECK(p.output_gpu == (n == gpu::kAutoLayers));  // the head goes along when all layers do
+    CHECK(p.gpu_bytes > 0);
+    CHECK(s->device_bytes() == p.gpu_bytes);
+    CHECK(testing::GreedyIds(s->session(), kPrompt, 24) == want);
+    // The device's layers sum in other orders than the CPU's SIMD: 1e-3 relative leaves room
+    // for that through every layer without hiding a wrong position or head (those move logits
+    // by O(1)).
+    CHECK(MaxRelDiff(PromptLogits(s->session()), want_logits) <= 1e-3);
+  }
+}
+
+void Hybrid(const gpu::Device* device, const LlamaModel& model, const CpuStandInDevice* stand_in) {
+  const LlamaHparams& h = model.hparams();
+  const int64_t n = h.n_layer;
+  ThreadPool pool(2);
+  auto cpu = NewEngineSession(model, std::nullopt, pool, Options(nullptr));
+  const std::vector<int32_t> want = testing::GreedyIds(cpu->session(), kPrompt, 24);
+  const std::vector<float> want_logits = PromptLogits(cpu->session());
+  std::vector<uint8_t> middle(n, 0), tail(n, 0), alternate(n, 0), none(n, 0), every(n, 1);
+  for (int64_t l = 0; l < n; ++l) {
+    middle[l] = l >= 1 && l < n - 1;
+    tail[l] = l >= n / 2;
+    alternate[l] = l % 2;
+  }
+  struct Case {
+    const char* what;
+    std::vector<uint8_t> attention;
+    bool head;
+    double fraction;
+  };
+  for (const Case& c : {Case{"middle attention, 30% of the neurons", middle, false, 0.3},
+                        Case{"tail attention and the head", tail, true, 0.5},
+                        Case{"alternate attention", alternate, false, 0.1},
+                        Case{"every layer and the head, every neuron", every, true, 1.0},
+                        Case{"hot neurons only", none, false, 0.4}}) {
+    INFO(c.what);
+    const int64_t n_attn = std::count(c.attention.begin(), c.attention.end(), 1);
+    EngineOptions o = Options(device);
+    o.gpu_memory = uint64_t{4} << 30;
+    const int64_t launches = stand_in ? stand_in->ffn_launches() : 0;
+    const int64_t calls = stand_in ? stand_in->layer_calls() : 0;
+    auto s = NewEngineSession(model, OraclePlan(model, c.attention, c.head, c.fraction, 5), pool,
+                              o);
+    const EnginePlacement& p = s->placement();
+    INFO(DescribePlacement(p));
+    CHECK(p.note.empty());
+    CHECK(p.attention_gpu_layers == n_attn);
+    CHECK(p.output_gpu == c.head);
+    CHECK(p.gpu_neurons > 0);
+    CHECK(p.gpu_neurons < p.ffn_neurons + 1);
+    CHECK(testing::GreedyIds(s->session(), kPrompt, 24) == want);
+    // Oracle sets are exact: the logits equal dense up to float summation order (the device
+    // part's partial sums are added to the host's), as above.
+    CHECK(MaxRelDiff(PromptLogits(s->session()), want_logits) <= 1e-3);
+    if (stand_in != nullptr) {
+      CHECK(stand_in->ffn_launches() > launches);  // the device part ran, and was merged
+      CHECK((stand_in->layer_calls() > calls) == (n_attn > 0));
+    }
+  }
+}
+
+// Three caps: all of the placement, its hot neurons without its attention layers, nothing.
+void HybridCaps(const gpu::Device* device, const LlamaModel& model) {
+  const int64_t n = model.hparams().n_layer;
+  ThreadPool pool(2);
+  auto cpu = NewEngineSession(model, std::nullopt, pool, Options(nullptr));
+  const std::vector<int32_t> want = testing::GreedyIds(cpu->session(), kPrompt, 24);
+  const std::vector<uint8_t> every(n, 1);
+  EngineOptions o = Options(device);
+  o.gpu_memory = uint64_t{4} << 30;
+  auto roomy = NewEngineSession(model, OraclePlan(model, every, true, 0.5, 9), pool, o);
+  REQUIRE(roomy->placement().attention_gpu_layers == n);
+  const uint64_t neurons_only = roomy->sparse()->gpu_device_bytes();
+  REQUIRE(neurons_only > 0);
+  REQUIRE(roomy->device_bytes() > neurons_only);
+
+  o.gpu_memory = neurons_only;  // the hot neurons fit, the attention layers do not
+  auto tight = NewEngineSession(model, OraclePlan(model, every, true, 0.5, 9), pool, o);
+  INFO(DescribePlacement(tight->placement()));
+  CHECK(tight->placement().attention_gpu_layers == 0);
+  CHECK(tight->placement().gpu_neurons == roomy->placement().gpu_neurons);
+  CHECK_THAT(tight->placement().note, Catch::Contains("hot neurons only"));
+  CHECK(tight->device_bytes() <= neurons_only);
+  CHECK(testing::GreedyIds(tight->session(), kPrompt, 24) == want);
+
+  o.gpu_memory = 4096;  // nothing fits
+  auto none = NewEngineSession(model, OraclePlan(model, every, true, 0.5, 9), pool, o);
+  CHECK(none->placement().gpu_neurons == 0);
+  CHECK(none->device_bytes() == 0);
+  CHECK_THAT(none->placement().note, Catch::Contains("runs on the CPU"));
+  CHECK(testing::GreedyIds(none->session(), kPrompt, 24) == want);
+}
+
+TEST_CASE("front door, stand-in device: whole layers give the CPU's tokens and logits", "[gpu]") {
+  for (const char* name : {"stories260K.gguf", "relu-tiny.f32.gguf"}) {
+    const std::string path = TestModelPath(name);
+    if (!std::filesystem::exists(path)) THERMOCLINE_SKIP(std::string(name) + " not found");
+    INFO(name);
+    CpuStandInDevice device;
+    WholeLayers(&device, CachedModel(path));
+    CHECK(device.layer_calls() > 0);
+  }
+}
+
+TEST_CASE("front door, stand-in device: the hybrid placement gives the CPU's tokens", "[gpu]") {
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  CpuStandInDevice device;
+  Hybrid(&device, CachedModel(path), &device);
+}
+
+TEST_CASE("front door, stand-in device: three caps, the same tokens", "[gpu]") {
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  CpuStandInDevice device;
+  HybridCaps(&device, CachedModel(path));
+}
+
+TEST_CASE("front door: sessions share one device budget", "[gpu]") {
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  CpuStandInDevice device;
+  ThreadPool pool(2);
+  EngineOptions o = Options(&device);
+  o.gpu_layers = gpu::kAutoLayers;
+  auto probe = NewEngineSession(model, std::nullopt, pool, o);
+  const uint64_t one = probe->device_bytes();
+  REQUIRE(one > 0);
+  o.gpu_layers = model.hparams().n_layer;
+  o.gpu_memory = one + one / 2;  // one session's layers, not two
+  auto engine = Engine::Create(model, std::nullopt, o, pool);
+  REQUIRE(engine.ok());
+  auto a = (*engine)->NewSession(&pool);
+  auto b = (*engine)->NewSession(&pool);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK((*a)->device_bytes() == one);
+  CHECK((*b)->device_bytes() == 0);
+  CHECK_THAT((*b)->placement().note, Catch::Contains("runs on the CPU"));
+  // The model reports what its first session got.
+  CHECK((*engine)->placement().gpu_layers == model.hparams().n_layer);
+  CHECK(testing::GreedyIds((*a)->session(), kPrompt, 16) ==
+        testing::GreedyIds((*b)->session(), kPrompt, 16));
+  a->reset();  // its budget is free again: a new session gets the device
+  auto c = (*engine)->NewSession(&pool);
+  REQUIRE(c.ok());
+  CHECK((*c)->device_bytes() == one);
+}
+
+TEST_CASE("front door without a device: the CPU serves, and says why", "[gpu]") {
+  if (gpu::DeviceAvailable()) THERMOCLINE_SKIP("a CUDA device is present: the [cuda] cases run");
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  ThreadPool pool(2);
+  auto cpu = NewEngineSession(model, std::nullopt, pool, Options(nullptr));
+  EngineOptions o = Options(nullptr);  // the CUDA backend
+  o.gpu_memory = uint64_t{1} << 30;
+  auto s = NewEngineSession(model, OraclePlan(model, std::vector<uint8_t>(6, 1), true, 0.5, 3),
+                            pool, o);
+  CHECK(s->placement().gpu_requested);
+  CHECK(s->placement().device.empty());
+  CHECK_THAT(s->placement().note, Catch::Contains("no CUDA device"));
+  CHECK(s->device_bytes() == 0);
+  CHECK(testing::GreedyIds(s->session(), kPrompt, 24) ==
+        testing::GreedyIds(cpu->session(), kPrompt, 24));
+}
+
+TEST_CASE("front door: bad options and plans are clear errors", "[gpu]") {
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  ThreadPool pool(1);
+  EngineOptions o;
+  o.max_batch = 0;
+  CHECK(Engine::Create(model, std::nullopt, o, pool).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  SparsePlan short_plan;
+  short_plan.layers.resize(2);
+  auto bad = Engine::Create(model, std::move(short_plan), EngineOptions{}, pool);
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("layers"));
+  // More whole layers than fit under the cap, asked for by number: refused with the sizes.
+  CpuStandInDevice device;
+  EngineOptions tight = Options(&device);
+  tight.gpu_layers = 3;
+  tight.gpu_memory = 1 << 20;
+  auto refused = Engine::Create(model, std::nullopt, tight, pool);
+  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("front door, CUDA: whole layers, the hybrid placement and its caps", "[cuda]") {
+  if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
+  for (const char* name : {"relu-tiny.f32.gguf", "relu-tiny.f16.gguf"}) {
+    const std::string path = TestModelPath(name);
+    if (!std::filesystem::exists(path)) THERMOCLINE_SKIP(std::string(name) + " not found");
+    INFO(name);
+    WholeLayers(&gpu::CudaDevice(), CachedModel(path));
+    Hybrid(&gpu::CudaDevice(), CachedModel(path), nullptr);
+    HybridCaps(&gpu::CudaDevice(), CachedModel(path));
+  }
+}
+
+}  // namespace
+}  // namespace thermocline
