@@ -116,7 +116,8 @@ std::string SameLengthRange(const std::string& lo, const std::string& hi) {
   const size_t rest = lo.size() - i - 1;
   if (rest == 0) return GbnfSeq({prefix, DigitClass(lo[i], hi[i])});
   std::vector<std::string> alts = {GbnfSeq({DigitClass(lo[i], lo[i]), AtLeast(lo.substr(i + 1))})};
-  if (lo[i] + 1 <= hi[i] - 1) alts.push_back(GbnfSeq({DigitClass(lo[i] + 1, hi[i] - 1), AnyDigits(rest)}));
+  if (lo[i] + 1 <= hi[i] - 1)
+    alts.push_back(GbnfSeq({DigitClass(lo[i] + 1, hi[i] - 1), AnyDigits(rest)}));
   alts.push_back(GbnfSeq({DigitClass(hi[i], hi[i]), AtMost(hi.substr(i + 1))}));
   return GbnfSeq({prefix, Group(alts)});
 }
@@ -129,14 +130,19 @@ std::string NonNegativeRange(uint64_t lo, std::optional<uint64_t> hi) {
   std::vector<std::string> alts;
   const size_t max_len = hi ? Digits(*hi).size() : std::max(kMaxIntegerDigits, a.size());
   for (size_t len = a.size(); len <= max_len; ++len) {
-    const std::string from = len == a.size() ? a : "1" + std::string(len - 1, '0');
+    std::string from = a;  // the least number of this length: lo itself, or 10^(len-1)
+    if (len != a.size()) {
+      from.assign(len, '0');
+      from[0] = '1';
+    }
     const std::string to = hi && len == max_len ? Digits(*hi) : std::string(len, '9');
     if (!hi && len > a.size()) {
       // Every longer length at once: [1-9] and the remaining digits.
       const size_t extra_min = a.size(), extra_max = max_len - 1;
-      alts.push_back(GbnfSeq({"[1-9]", extra_min == extra_max
-                                       ? AnyDigits(extra_min)
-                                       : absl::StrCat("[0-9]{", extra_min, ",", extra_max, "}")}));
+      alts.push_back(
+          GbnfSeq({"[1-9]", extra_min == extra_max
+                                ? AnyDigits(extra_min)
+                                : absl::StrCat("[0-9]{", extra_min, ",", extra_max, "}")}));
       break;
     }
     alts.push_back(SameLengthRange(from, to));
@@ -168,11 +174,21 @@ std::string GbnfLiteral(std::string_view text) {
   for (char c : text) {
     const auto b = static_cast<unsigned char>(c);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (b < 0x20 || b == 0x7F) {
           char buf[8];
@@ -226,7 +242,8 @@ std::string GbnfName(std::string_view text) {
 std::string GbnfBuilder::Reserve(std::string_view hint) {
   const std::string base = GbnfName(hint);
   std::string name = base;
-  for (int n = 2; IsPrimitiveName(name) || index_.count(name); ++n) name = absl::StrCat(base, "-", n);
+  for (int n = 2; IsPrimitiveName(name) || index_.count(name); ++n)
+    name = absl::StrCat(base, "-", n);
   index_[name] = rules_.size();
   rules_.emplace_back(name, "");
   return name;

@@ -42,7 +42,7 @@ class GbnfBuilder {
  private:
   bool compact_;
   std::vector<std::pair<std::string, std::string>> rules_;  // name, body ("" while reserved)
-  std::map<std::string, size_t> index_;                      // name -> rules_ index
+  std::map<std::string, size_t> index_;                     // name -> rules_ index
   std::map<std::string, std::string> by_body_;
 };
 

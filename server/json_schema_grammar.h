@@ -45,12 +45,12 @@ absl::StatusOr<std::string> JsonSchemaTextToGbnf(std::string_view schema_json,
 std::string JsonObjectGbnf(const JsonGrammarOptions& options = {});
 
 struct ToolCallGrammarOptions {
-  std::string prefix;  // written before each call, e.g. "<tool_call>\n"
-  std::string suffix;  // after each call, e.g. "\n</tool_call>"
+  std::string prefix;                       // written before each call, e.g. "<tool_call>\n"
+  std::string suffix;                       // after each call, e.g. "\n</tool_call>"
   std::string arguments_key = "arguments";  // Llama 3.x writes "parameters"
   // Only these functions (tool_choice naming one); empty: any function in `tools`.
   std::vector<std::string> only;
-  bool parallel = false;      // one or more calls, each wrapped, joined by `separator`
+  bool parallel = false;  // one or more calls, each wrapped, joined by `separator`
   std::string separator = "\n";
   JsonGrammarOptions json;  // a function's own "strict": true also makes it strict
 };

@@ -38,10 +38,9 @@ const Ranges& Word() {
   return r;
 }
 const Ranges& Space() {  // ECMAScript's WhiteSpace and LineTerminator
-  static const Ranges r = {{0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},
-                           {0x1680, 0x1680}, {0x2000, 0x200A}, {0x2028, 0x2029},
-                           {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000},
-                           {0xFEFF, 0xFEFF}};
+  static const Ranges r = {{0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680},
+                           {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F},
+                           {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
   return r;
 }
 const Ranges& LineTerminators() {
@@ -68,8 +67,8 @@ class RegexParser {
 
  private:
   absl::Status Invalid(std::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat("json_schema: pattern '", AbslView(pattern_),
-                                                   "': ", AbslView(what)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("json_schema: pattern '", AbslView(pattern_), "': ", AbslView(what)));
   }
   absl::Status Unsupported(std::string_view what) const {
     return absl::UnimplementedError(absl::StrCat("json_schema: pattern '", AbslView(pattern_),
@@ -238,26 +237,42 @@ class RegexParser {
     const auto one = [](char32_t cp) { return Ranges{{cp, cp}}; };
     const auto complement = [](const Ranges& r) { return NormalizeCodePointRanges(r, true); };
     switch (c) {
-      case 'd': return Digits();
-      case 'D': return complement(Digits());
-      case 'w': return Word();
-      case 'W': return complement(Word());
-      case 's': return Space();
-      case 'S': return complement(Space());
-      case 'n': return one('\n');
-      case 'r': return one('\r');
-      case 't': return one('\t');
-      case 'f': return one('\f');
-      case 'v': return one('\v');
-      case '0': return one(0);
+      case 'd':
+        return Digits();
+      case 'D':
+        return complement(Digits());
+      case 'w':
+        return Word();
+      case 'W':
+        return complement(Word());
+      case 's':
+        return Space();
+      case 'S':
+        return complement(Space());
+      case 'n':
+        return one('\n');
+      case 'r':
+        return one('\r');
+      case 't':
+        return one('\t');
+      case 'f':
+        return one('\f');
+      case 'v':
+        return one('\v');
+      case '0':
+        return one(0);
       case 'b':
         if (in_class) return one('\b');
         return Unsupported("a word boundary (\\b)");
-      case 'B': return Unsupported("a non-word boundary (\\B)");
+      case 'B':
+        return Unsupported("a non-word boundary (\\B)");
       case 'p':
-      case 'P': return Unsupported("a Unicode property class (\\p{...})");
-      case 'c': return Unsupported("a control escape (\\c)");
-      case 'k': return Unsupported("a named backreference (\\k<...>)");
+      case 'P':
+        return Unsupported("a Unicode property class (\\p{...})");
+      case 'c':
+        return Unsupported("a control escape (\\c)");
+      case 'k':
+        return Unsupported("a named backreference (\\k<...>)");
       case 'x':
       case 'u': {
         const int digits = c == 'x' ? 2 : 4;
@@ -328,7 +343,8 @@ class RegexParser {
 
 bool Nullable(const Node& n) {
   switch (n.kind) {
-    case Node::Kind::kSet: return false;
+    case Node::Kind::kSet:
+      return false;
     case Node::Kind::kSeq:
       for (const Node& k : n.kids) {
         if (!Nullable(k)) return false;
@@ -339,8 +355,10 @@ bool Nullable(const Node& n) {
         if (Nullable(k)) return true;
       }
       return false;
-    case Node::Kind::kRepeat: return n.min == 0 || Nullable(n.kids[0]);
-    default: return true;  // anchors
+    case Node::Kind::kRepeat:
+      return n.min == 0 || Nullable(n.kids[0]);
+    default:
+      return true;  // anchors
   }
 }
 
@@ -413,7 +431,8 @@ class Emitter {
       }
       case Node::Kind::kRepeat: {
         if (!n.max && Nullable(n.kids[0])) {
-          return Unsupported("unbounded repetition of something that can match nothing, e.g. (a*)*");
+          return Unsupported(
+              "unbounded repetition of something that can match nothing, e.g. (a*)*");
         }
         absl::StatusOr<std::string> item = Emit(n.kids[0]);
         if (!item.ok()) return item;
@@ -435,10 +454,10 @@ class Emitter {
         const char32_t a = std::max(lo, plo), z = std::min(hi, phi);
         if (a > z) continue;
         raw += GbnfClassChar(a);
-        if (z > a) raw += "-" + GbnfClassChar(z);
+        if (z > a) absl::StrAppend(&raw, "-", GbnfClassChar(z));
       }
     }
-    if (!raw.empty()) alts.push_back("[" + raw + "]");
+    if (!raw.empty()) alts.push_back(absl::StrCat("[", raw, "]"));
     if (Contains(set, '"')) alts.push_back(GbnfLiteral("\\\""));
     if (Contains(set, '\\')) alts.push_back(GbnfLiteral("\\\\"));
     int controls = 0;

@@ -69,8 +69,8 @@ class GrammarCompiler {
 
   int32_t NewHelper(size_t offset, bool repeat) {
     const int32_t id = static_cast<int32_t>(rules_.size());
-    rules_.push_back({absl::StrCat(rules_[current_].name, "~", ++helpers_of_current_), {}, offset,
-                      repeat});
+    rules_.push_back(
+        {absl::StrCat(rules_[current_].name, "~", ++helpers_of_current_), {}, offset, repeat});
     return id;
   }
 

@@ -116,9 +116,8 @@ void GrammarMatcher::RunClosure() {
       }
       // A rule: its alternatives, each continuing after the reference. A reference last in
       // its alternative continues straight with the parent, so loops keep a constant depth.
-      const int32_t cont = g.element(pos + 1).kind == Grammar::Element::kEnd
-                               ? parent
-                               : InternNode(pos + 1, parent);
+      const int32_t cont =
+          g.element(pos + 1).kind == Grammar::Element::kEnd ? parent : InternNode(pos + 1, parent);
       for (int32_t start : g.alternatives(e.value)) Push(start, cont);
       break;
     }

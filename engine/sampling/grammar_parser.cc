@@ -246,15 +246,29 @@ class Parser {
       const char k = Peek(1);
       pos_ += 2;
       switch (k) {
-        case 'n': return U'\n';
-        case 'r': return U'\r';
-        case 't': return U'\t';
-        case '0': return U'\0';
-        case '\\': case '"': case '\'': case '[': case ']': case '-': case '^': case '/':
+        case 'n':
+          return U'\n';
+        case 'r':
+          return U'\r';
+        case 't':
+          return U'\t';
+        case '0':
+          return U'\0';
+        case '\\':
+        case '"':
+        case '\'':
+        case '[':
+        case ']':
+        case '-':
+        case '^':
+        case '/':
           return static_cast<char32_t>(k);
-        case 'x': return ParseHex(start, 2);
-        case 'u': return ParseHex(start, 4);
-        case 'U': return ParseHex(start, 8);
+        case 'x':
+          return ParseHex(start, 2);
+        case 'u':
+          return ParseHex(start, 4);
+        case 'U':
+          return ParseHex(start, 8);
         default:
           if (start + 1 >= text_.size()) return Fail(start, "the grammar ends inside an escape");
           return Fail(start, absl::StrCat("unknown escape '\\", Describe(start + 1).substr(1)));
@@ -271,8 +285,8 @@ class Parser {
     for (int i = 0; i < digits; ++i) {
       const int h = HexValue(Peek());
       if (h < 0) {
-        return Fail(start, absl::StrCat("escape '", AbslView(text_.substr(start, 2)), "' needs ", digits,
-                                        " hex digits"));
+        return Fail(start, absl::StrCat("escape '", AbslView(text_.substr(start, 2)), "' needs ",
+                                        digits, " hex digits"));
       }
       value = value * 16 + static_cast<uint32_t>(h);
       ++pos_;
@@ -292,7 +306,8 @@ class Parser {
       }
       ++pos_;
     }
-    if (pos_ == start) return Fail(start, absl::StrCat("expected a number, found ", Describe(start)));
+    if (pos_ == start)
+      return Fail(start, absl::StrCat("expected a number, found ", Describe(start)));
     return static_cast<int32_t>(value);
   }
 
@@ -330,8 +345,8 @@ class Parser {
         }
       }
       if (Peek() != '}') {
-        return Fail(pos_, absl::StrCat("expected '}' to close the repetition, found ",
-                                       Describe(pos_)));
+        return Fail(pos_,
+                    absl::StrCat("expected '}' to close the repetition, found ", Describe(pos_)));
       }
       ++pos_;
       if (rep.max >= 0 && rep.max < rep.min) {

@@ -77,8 +77,8 @@ void TokenTrie::Build() {
     path.pop_back();
   }
   // The sentinel closes the last node's token list.
-  nodes_.push_back({0, 0, static_cast<int32_t>(nodes_.size()) + 1,
-                    static_cast<int32_t>(token_ids_.size())});
+  nodes_.push_back(
+      {0, 0, static_cast<int32_t>(nodes_.size()) + 1, static_cast<int32_t>(token_ids_.size())});
 }
 
 }  // namespace thermocline

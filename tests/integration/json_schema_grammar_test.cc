@@ -2,6 +2,8 @@
 // JSON texts (through Grammar::FromGbnf and the matcher), integer bounds and patterns against
 // brute force, the errors for what is not supported, and greedy decoding of stories260K under
 // a schema and a tool-call grammar giving JSON that satisfies them and ends by itself.
+#include "server/json_schema_grammar.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -15,7 +17,6 @@
 #include "engine/sampling/token_trie.h"
 #include "engine/util/thread_pool.h"
 #include "model_fixtures.h"
-#include "server/json_schema_grammar.h"
 #include "test_util.h"
 
 namespace thermocline::server {
@@ -76,8 +77,8 @@ TEST_CASE("json schema: scalar types", "[json_schema]") {
   CHECK_ACCEPTS(str, R"("")");
   CHECK_ACCEPTS(str, R"("a\"b\\c\n\u00e9 caf\u00E9 é")");
   CHECK_REFUSES(str, R"("a)");
-  CHECK_REFUSES(str, "\"a\nb\"");       // raw control character
-  CHECK_REFUSES(str, R"("\ud800")");    // a lone surrogate escape
+  CHECK_REFUSES(str, "\"a\nb\"");     // raw control character
+  CHECK_REFUSES(str, R"("\ud800")");  // a lone surrogate escape
   CHECK_REFUSES(str, R"("\x")");
   CHECK_REFUSES(str, R"(1)");
 
@@ -113,9 +114,9 @@ TEST_CASE("json schema: objects, required properties in order, additionalPropert
   CHECK_ACCEPTS(obj, R"({"name": "Lily", "age": 3})");
   CHECK_ACCEPTS(obj, R"({"name":"Lily","age":3,"tags":["a","b"]})");
   CHECK_ACCEPTS(obj, "{\n  \"name\": \"Lily\",\n  \"age\": 3\n}");
-  CHECK_REFUSES(obj, R"({"name": "Lily"})");                     // age is required
-  CHECK_REFUSES(obj, R"({"age": 3, "name": "Lily"})");           // declared order
-  CHECK_REFUSES(obj, R"({"name": "Lily", "age": 3, "x": 1})");   // no other properties
+  CHECK_REFUSES(obj, R"({"name": "Lily"})");                    // age is required
+  CHECK_REFUSES(obj, R"({"age": 3, "name": "Lily"})");          // declared order
+  CHECK_REFUSES(obj, R"({"name": "Lily", "age": 3, "x": 1})");  // no other properties
   CHECK_REFUSES(obj, R"({"name": "Lily", "age": "3"})");
   CHECK_REFUSES(obj, R"({"name": "Lily", "age": 3,})");
   CHECK_REFUSES(obj, "{\"name\": \"Lily\",                                  \"age\": 3}");
@@ -150,10 +151,12 @@ TEST_CASE("json schema: objects, required properties in order, additionalPropert
         absl::StatusCode::kInvalidArgument);
   CHECK(std::string(SchemaError(schema, {.strict = true}).message()).find("'tags' is not") !=
         std::string::npos);
-  CHECK(SchemaError(R"({"type": "object", "additionalProperties": true})", {.strict = true})
-            .code() == absl::StatusCode::kInvalidArgument);
+  CHECK(
+      SchemaError(R"({"type": "object", "additionalProperties": true})", {.strict = true}).code() ==
+      absl::StatusCode::kInvalidArgument);
   Accepts strict(SchemaGbnf(R"({"type": "object", "properties": {"a": {"type": "boolean"}},
-      "required": ["a"], "additionalProperties": false})", {.strict = true}));
+      "required": ["a"], "additionalProperties": false})",
+                            {.strict = true}));
   CHECK_ACCEPTS(strict, R"({"a": true})");
   Accepts compact(SchemaGbnf(R"({"properties": {"a": {"type": "boolean"}}, "required": ["a"]})",
                              {.compact = true}));
@@ -293,9 +296,9 @@ TEST_CASE("json schema: formats", "[json_schema]") {
 
 TEST_CASE("json schema: patterns match as std::regex_search does", "[json_schema]") {
   const char* patterns[] = {
-      "^[a-c]{2,3}$", "ab",        "^a|c$",     "^(a|bc)+$", "\\d",        "^\\w+@\\w+$",
-      "^[^a]*$",      "^a.c$",     "\"",        "^\\\\?b$",  "^(?:a|b)?1$", "^[\\s\\d]+$",
-      "^a{0,2}b?$",   "^(a|)b{2}$", "c$",        "^[@-b]+$",
+      "^[a-c]{2,3}$", "ab",         "^a|c$", "^(a|bc)+$", "\\d",         "^\\w+@\\w+$",
+      "^[^a]*$",      "^a.c$",      "\"",    "^\\\\?b$",  "^(?:a|b)?1$", "^[\\s\\d]+$",
+      "^a{0,2}b?$",   "^(a|)b{2}$", "c$",    "^[@-b]+$",
   };
   std::vector<std::string> strings = {""};
   const std::string alphabet = "abc1@ \"\\";
@@ -330,7 +333,8 @@ TEST_CASE("json schema: what is not supported is an error naming it", "[json_sch
       {R"({"type": "array", "uniqueItems": true})", absl::StatusCode::kUnimplemented,
        "keyword 'uniqueItems' with type array (at #) is not supported"},
       {R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}})",
-       absl::StatusCode::kUnimplemented, "keyword 'multipleOf' with type integer (at #/properties/n)"},
+       absl::StatusCode::kUnimplemented,
+       "keyword 'multipleOf' with type integer (at #/properties/n)"},
       {R"({"type": "number", "minimum": 0})", absl::StatusCode::kUnimplemented,
        "'minimum' on type number"},
       {R"({"type": "string", "format": "email"})", absl::StatusCode::kUnimplemented,
@@ -412,8 +416,9 @@ TEST_CASE("tool calls: exactly a known function with its own arguments", "[json_
   gbnf = ToolCallGbnf(tools, options);
   REQUIRE(gbnf.ok());
   Accepts wrapped(*gbnf);
-  const std::string call = "<tool_call>\n{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}"
-                           "\n</tool_call>";
+  const std::string call =
+      "<tool_call>\n{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}"
+      "\n</tool_call>";
   CHECK_ACCEPTS(wrapped, call);
   CHECK_ACCEPTS(wrapped, call + "\n" + call);
   CHECK_REFUSES(wrapped, "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}");
@@ -427,7 +432,9 @@ TEST_CASE("tool calls: exactly a known function with its own arguments", "[json_
   // A function's own strict flag applies to it.
   const absl::Status strict = ToolCallGbnf(Json::parse(R"([{"type": "function", "function": {
       "name": "f", "strict": true, "parameters": {"type": "object", "properties": {
-      "x": {"type": "string"}}}}}])"), {}).status();
+      "x": {"type": "string"}}}}}])"),
+                                           {})
+                                  .status();
   CHECK(strict.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(strict.message()).find("tools[0].function.parameters#") != std::string::npos);
 }
@@ -450,8 +457,8 @@ std::string ConstrainedGreedy(const std::string& gbnf, const std::string& prompt
   for (int i = 0; i < 400; ++i) {
     std::copy_n((*session)->logits(), n_vocab, logits.data());
     m.ApplyMask(logits.data());
-    const int32_t id = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                            logits.begin());
+    const int32_t id =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     REQUIRE(std::isfinite(logits[id]));  // the mask never leaves nothing
     if (tok.IsEndOfGeneration(id)) {
       REQUIRE(m.IsComplete());

@@ -108,8 +108,8 @@ void CheckMask(GrammarMatcher& m, const NaiveMatcher& ref, const TokenTrie& trie
     }
     if (mask.allowed(id) != want || m.CanAcceptToken(id) != want) {
       if (++wrong <= 5) {
-        UNSCOPED_INFO("token " << id << " '" << trie.piece(id) << "': mask "
-                               << mask.allowed(id) << ", reference " << want);
+        UNSCOPED_INFO("token " << id << " '" << trie.piece(id) << "': mask " << mask.allowed(id)
+                               << ", reference " << want);
       }
     }
   }

@@ -1,13 +1,14 @@
 // GBNF grammars: the parser's accepts and rejects (with line:column), the compiled grammar's
 // language (exact strings, UTF-8, repetition bounds, and every short string against std::regex
 // or a hand-written recognizer), and UTF-8 range compilation against every code point.
+#include "engine/sampling/grammar.h"
+
 #include <catch2/catch.hpp>
 #include <functional>
 #include <regex>
 #include <string>
 #include <vector>
 
-#include "engine/sampling/grammar.h"
 #include "engine/sampling/grammar_matcher.h"
 #include "engine/sampling/token_trie.h"
 #include "engine/sampling/utf8_ranges.h"
@@ -83,9 +84,11 @@ TEST_CASE("GBNF: the parser accepts the syntax llama.cpp grammars use", "[gramma
 }
 
 TEST_CASE("GBNF: bad grammars are refused with the line and column at fault", "[grammar]") {
-  CHECK(CompileError("root ::= \"abc") == "grammar: 1:10: unterminated string literal (missing '\"')");
-  CHECK(CompileError("root \"a\"") == "grammar: 1:6: expected '::=' after the rule name 'root', "
-                                      "found '\"'");
+  CHECK(CompileError("root ::= \"abc") ==
+        "grammar: 1:10: unterminated string literal (missing '\"')");
+  CHECK(CompileError("root \"a\"") ==
+        "grammar: 1:6: expected '::=' after the rule name 'root', "
+        "found '\"'");
   CHECK(CompileError("root ::= \"a\"\nx ::= [a-") ==
         "grammar: 2:7: unterminated character class (missing ']')");
   CHECK(CompileError("root ::= \"\\q\"") == "grammar: 1:11: unknown escape '\\q'");
@@ -116,12 +119,12 @@ TEST_CASE("GBNF: bad grammars are refused with the line and column at fault", "[
   CHECK(CompileError("root ::= \"a\" missing") == "grammar: 1:14: undefined rule 'missing'");
   CHECK(CompileError("start ::= \"a\"") ==
         "grammar: there is no rule 'root' (the start rule) to begin with");
-  CHECK(CompileError("root ::= root \"a\" | \"b\"").find(
-            "grammar: 1:1: rule 'root' is left-recursive (root -> root without matching a "
-            "character)") == 0);
+  CHECK(CompileError("root ::= root \"a\" | \"b\"")
+            .find("grammar: 1:1: rule 'root' is left-recursive (root -> root without matching a "
+                  "character)") == 0);
   // Indirect, through a rule that can match nothing.
-  CHECK(CompileError("root ::= a\na ::= b \"x\"\nb ::= \"\" | a").find(
-            "rule 'a' is left-recursive (a -> b -> a") != std::string::npos);
+  CHECK(CompileError("root ::= a\na ::= b \"x\"\nb ::= \"\" | a")
+            .find("rule 'a' is left-recursive (a -> b -> a") != std::string::npos);
   CHECK(CompileError("root ::= (\"a\"?)*") ==
         "grammar: 1:10: this repeated item can match the empty string, so the repetition could "
         "go on forever without matching anything (left recursion); make the item non-empty");
@@ -167,12 +170,12 @@ TEST_CASE("GBNF: UTF-8 classes and '.' take whole, well-formed characters", "[gr
   CHECK(any.Matches("\xF4\x8F\xBF\xBF"));  // U+10FFFF
   CHECK(any.Matches("\n"));
   CHECK(any.Matches("\xEF\xBF\xBD"));
-  CHECK_FALSE(any.IsPrefix("\xED\xA0"));      // a surrogate
-  CHECK_FALSE(any.IsPrefix("\xC0"));          // overlong
-  CHECK_FALSE(any.IsPrefix("\xE0\x80"));      // overlong
-  CHECK_FALSE(any.IsPrefix("\xF4\x90"));      // above U+10FFFF
+  CHECK_FALSE(any.IsPrefix("\xED\xA0"));  // a surrogate
+  CHECK_FALSE(any.IsPrefix("\xC0"));      // overlong
+  CHECK_FALSE(any.IsPrefix("\xE0\x80"));  // overlong
+  CHECK_FALSE(any.IsPrefix("\xF4\x90"));  // above U+10FFFF
   CHECK_FALSE(any.IsPrefix("\xFF"));
-  CHECK_FALSE(any.IsPrefix("\x80"));          // a lone continuation byte
+  CHECK_FALSE(any.IsPrefix("\x80"));         // a lone continuation byte
   CHECK_FALSE(any.Matches("\xF0\x9F\x98"));  // cut short
 
   Recognizer not_e("root ::= [^é]");
@@ -308,13 +311,10 @@ TEST_CASE("GBNF: the end of the grammar and end tokens", "[grammar]") {
 TEST_CASE("UTF-8 ranges: the alternatives hold exactly the class's code points", "[grammar]") {
   using Ranges = std::vector<std::pair<char32_t, char32_t>>;
   const std::pair<Ranges, bool> cases[] = {
-      {{{0x61, 0x7A}}, false},
-      {{{0x22, 0x22}, {0x5C, 0x5C}, {0x00, 0x1F}}, true},
-      {{{0x3B1, 0x3C9}}, false},
-      {{{0x7F, 0x800}}, false},
+      {{{0x61, 0x7A}}, false},      {{{0x22, 0x22}, {0x5C, 0x5C}, {0x00, 0x1F}}, true},
+      {{{0x3B1, 0x3C9}}, false},    {{{0x7F, 0x800}}, false},
       {{{0xD000, 0xE000}}, false},  // spans the surrogates
-      {{{0x1234, 0x2FFFF}}, false},
-      {{}, true},
+      {{{0x1234, 0x2FFFF}}, false}, {{}, true},
       {{{0x10, 0x10FFFF}}, false},
   };
   for (const auto& [input, negate] : cases) {
