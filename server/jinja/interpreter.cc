@@ -12,6 +12,11 @@ namespace {
 
 // Deeper macro recursion than this is a runaway template (Python would hit its own limit).
 constexpr int kMaxCallDepth = 200;
+// Statements and loop iterations one render may run: a real chat template runs thousands;
+// this stops a template that would keep a request's thread busy for minutes.
+constexpr int64_t kMaxSteps = 10'000'000;
+// The largest text one render may produce.
+constexpr size_t kMaxOutputBytes = 64u << 20;
 
 // How jinja2 names an object in "has no attribute" messages.
 std::string ObjectTypeRepr(const Value& v) {
@@ -103,6 +108,7 @@ void Interpreter::RunLoop(const Stmt& s, ValueList items, const FramePtr& frame,
   if (s.loop_filter) {
     ValueList kept;
     for (Value& item : items) {
+      Step();
       auto f = std::make_shared<Frame>(frame);
       Assign(s.target, item, f);
       if (Truthy(Eval(*s.loop_filter, f))) kept.push_back(std::move(item));
@@ -117,6 +123,7 @@ void Interpreter::RunLoop(const Stmt& s, ValueList items, const FramePtr& frame,
   auto loop = std::make_shared<Loop>(shared, depth, &s, frame);
   const Value loop_value = Value::MakeObject(loop);
   for (size_t i = 0; i < shared->size(); ++i) {
+    Step();
     loop->set_index(i);
     auto f = std::make_shared<Frame>(frame);
     line_ = s.line;
@@ -126,8 +133,15 @@ void Interpreter::RunLoop(const Stmt& s, ValueList items, const FramePtr& frame,
   }
 }
 
+void Interpreter::Step() {
+  if (++steps_ > kMaxSteps) Fail(Cat("the template ran more than ", kMaxSteps, " steps"));
+}
+
 void Interpreter::ExecOne(const Stmt& s, const FramePtr& frame, std::string* out, Flow* flow) {
   line_ = s.line;
+  Step();
+  if (out->size() > kMaxOutputBytes)
+    Fail(Cat("the template wrote more than ", kMaxOutputBytes, " bytes"));
   switch (s.type) {
     case Stmt::Type::kText:
       out->append(s.text);

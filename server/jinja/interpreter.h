@@ -63,7 +63,11 @@ class Interpreter {
   Value EvalFilter(const Expr& e, const FramePtr& frame, const Value* operand);
   CallArgs EvalArgs(const Expr& e, const FramePtr& frame);
 
+  // Counts statements run and loop iterations, against a budget no real template comes near.
+  void Step();
+
   std::time_t now_;
+  int64_t steps_ = 0;
   int line_ = 0;
   int depth_ = 0;  // of macro calls, to stop runaway recursion
 };

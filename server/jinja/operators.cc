@@ -45,7 +45,19 @@ int64_t CheckedInt(__int128 v) {
   return static_cast<int64_t>(v);
 }
 
+// The largest string or list "x * n", "x + y" or "x ~ y" may build.
+constexpr size_t kMaxRepeat = 64u << 20;
+
+std::string CheckedSize(std::string s) {
+  if (s.size() > kMaxRepeat) Fail("the string would be too large");
+  return s;
+}
+
 Value Repeat(const Value& seq, int64_t n) {
+  const size_t unit = seq.is_string() ? seq.str().size() : seq.list().size();
+  if (n > 0 && unit > 0 && static_cast<uint64_t>(n) > kMaxRepeat / unit) {
+    Fail("the repeated value would be too large");
+  }
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < n; ++i) out += seq.str();
@@ -157,7 +169,7 @@ std::string PercentFormat(const std::string& fmt, const Value& args) {
 }  // namespace
 
 Value BinaryOp(BinOp op, const Value& a, const Value& b) {
-  if (op == BinOp::kConcat) return Value(ToStr(a) + ToStr(b));
+  if (op == BinOp::kConcat) return Value(CheckedSize(ToStr(a) + ToStr(b)));
   if (a.is_undefined()) Fail(a.str());
   if (b.is_undefined()) Fail(b.str());
   const bool ints = (a.is_int() || a.is_bool()) && (b.is_int() || b.is_bool());
@@ -166,7 +178,7 @@ Value BinaryOp(BinOp op, const Value& a, const Value& b) {
     case BinOp::kAdd:
       if (ints) return Value(CheckedInt(static_cast<__int128>(a.int_value()) + b.int_value()));
       if (nums) return Value(a.number() + b.number());
-      if (a.is_string() && b.is_string()) return Value(a.str() + b.str());
+      if (a.is_string() && b.is_string()) return Value(CheckedSize(a.str() + b.str()));
       if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
         ValueList out = a.list();
         out.insert(out.end(), b.list().begin(), b.list().end());

@@ -141,6 +141,7 @@ Body Parser::ParseBody(std::initializer_list<std::string_view> end_tags, const O
 
 StmtPtr Parser::ParseTag() {
   const int line = Next().line;  // {%
+  DepthGuard guard(this, line);
   const Token& t = Peek();
   if (t.type != Token::Type::kName) Unexpected(t, "a tag name");
   const std::string tag = Next().text;

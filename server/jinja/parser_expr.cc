@@ -40,7 +40,19 @@ ExprPtr Parser::ParseTuple(bool with_condexpr, bool explicit_parens,
   return t;
 }
 
+// Deeper nesting than this is no real template; refusing it keeps the parser's (and the
+// interpreter's) recursion well inside the stack.
+constexpr int kMaxNesting = 200;
+
+Parser::DepthGuard::DepthGuard(Parser* p, int line) : p_(p) {
+  if (++p_->depth_ > kMaxNesting) {
+    --p_->depth_;
+    p_->Error(Cat("the template nests deeper than ", kMaxNesting, " levels"), line);
+  }
+}
+
 ExprPtr Parser::ParseExpression(bool with_condexpr) {
+  DepthGuard guard(this, Peek().line);
   return with_condexpr ? ParseCond() : ParseOr();
 }
 
@@ -82,6 +94,7 @@ ExprPtr Parser::ParseAnd() {
 }
 
 ExprPtr Parser::ParseNot() {
+  DepthGuard guard(this, Peek().line);
   if (IsName(Peek(), "not")) {
     ExprPtr e = MakeExpr(Expr::Type::kNot, Next().line);
     e->a = ParseNot();
@@ -182,6 +195,7 @@ ExprPtr Parser::ParsePow() {
 }
 
 ExprPtr Parser::ParseUnary(bool with_filter) {
+  DepthGuard guard(this, Peek().line);
   ExprPtr node;
   if (IsOp(Peek(), "-") || IsOp(Peek(), "+")) {
     const Token& t = Next();

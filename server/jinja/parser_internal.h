@@ -84,9 +84,20 @@ class Parser {
   static std::string Describe(const Token& t);
   static ExprPtr MakeExpr(Expr::Type type, int line);
 
+  // Counts the nesting of expressions and blocks, so that no template can exhaust the stack.
+  class DepthGuard {
+   public:
+    DepthGuard(Parser* p, int line);
+    ~DepthGuard() { --p_->depth_; }
+
+   private:
+    Parser* p_;
+  };
+
   std::vector<Token> tokens_;
   size_t pos_ = 0;
   std::vector<OpenBlock> open_blocks_;
+  int depth_ = 0;
 };
 
 }  // namespace thermocline::server::jinja

@@ -241,7 +241,19 @@ TEST_CASE("jinja: errors name the line", "[server][jinja]") {
   CHECK(Error("\n\n{% for x in 3 %}{% endfor %}") == "line 3: 'int' object is not iterable");
   CHECK(Error("{% macro f() %}\n{{ 1 + 'a' }}\n{% endmacro %}\n{{ f() }}") ==
         "line 2: unsupported operand type(s) for +: 'int' and 'str'");
-  // Runaway recursion ends with an error, not a crash.
+  // Runaway templates end with an error, not a crash or a hung request.
+  CHECK(Error("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}")
+            .find("nests deeper") != std::string::npos);
+  CHECK(Error(std::string(5000, '{') + "%").find("line 1") != std::string::npos);
+  std::string nested;
+  for (int i = 0; i < 1000; ++i) nested += "{% if true %}";
+  CHECK(Error(nested).find("nests deeper") != std::string::npos);
+  CHECK(Error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+            .find("steps") != std::string::npos);
+  CHECK(Error("{{ 'x' * 1000000000 }}").find("too large") != std::string::npos);
+  CHECK(Error("{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
+              "{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
+            .find("too large") != std::string::npos);
   CHECK(Error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("recursion") !=
         std::string::npos);
 }
