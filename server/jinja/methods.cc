@@ -16,6 +16,8 @@ namespace {
 
 using Method = Value (*)(const Value& self, CallArgs& args);
 
+void NoArguments(std::string_view method, const CallArgs& args) { ArgBinder(method, args, {}); }
+
 std::optional<std::string> OptionalString(const Value* v, std::string_view what) {
   if (v == nullptr || v->is_none()) return std::nullopt;
   return ExpectString(*v, what);
@@ -82,19 +84,24 @@ Value MStartsWith(const Value& s, CallArgs& a) { return AffixMethod(s, a, true);
 Value MEndsWith(const Value& s, CallArgs& a) { return AffixMethod(s, a, false); }
 
 Value MUpper(const Value& s, CallArgs& a) {
-  return ArgBinder("upper", a, {}), Value(Upper(s.str()));
+  NoArguments("upper", a);
+  return Value(Upper(s.str()));
 }
 Value MLower(const Value& s, CallArgs& a) {
-  return ArgBinder("lower", a, {}), Value(Lower(s.str()));
+  NoArguments("lower", a);
+  return Value(Lower(s.str()));
 }
 Value MTitle(const Value& s, CallArgs& a) {
-  return ArgBinder("title", a, {}), Value(PyTitle(s.str()));
+  NoArguments("title", a);
+  return Value(PyTitle(s.str()));
 }
 Value MCapitalize(const Value& s, CallArgs& a) {
-  return ArgBinder("capitalize", a, {}), Value(Capitalize(s.str()));
+  NoArguments("capitalize", a);
+  return Value(Capitalize(s.str()));
 }
 Value MSwapCase(const Value& s, CallArgs& a) {
-  return ArgBinder("swapcase", a, {}), Value(SwapCase(s.str()));
+  NoArguments("swapcase", a);
+  return Value(SwapCase(s.str()));
 }
 
 Value MReplace(const Value& s, CallArgs& a) {
@@ -145,16 +152,20 @@ bool IsAlphaChar(char32_t c) {
 bool IsAlnumChar(char32_t c) { return IsAlphaChar(c) || IsDigitChar(c); }
 
 Value MIsDigit(const Value& s, CallArgs& a) {
-  return ArgBinder("isdigit", a, {}), Value(IsAllOf(s.str(), IsDigitChar));
+  NoArguments("isdigit", a);
+  return Value(IsAllOf(s.str(), IsDigitChar));
 }
 Value MIsAlpha(const Value& s, CallArgs& a) {
-  return ArgBinder("isalpha", a, {}), Value(IsAllOf(s.str(), IsAlphaChar));
+  NoArguments("isalpha", a);
+  return Value(IsAllOf(s.str(), IsAlphaChar));
 }
 Value MIsAlnum(const Value& s, CallArgs& a) {
-  return ArgBinder("isalnum", a, {}), Value(IsAllOf(s.str(), IsAlnumChar));
+  NoArguments("isalnum", a);
+  return Value(IsAllOf(s.str(), IsAlnumChar));
 }
 Value MIsSpace(const Value& s, CallArgs& a) {
-  return ArgBinder("isspace", a, {}), Value(IsAllOf(s.str(), IsSpace));
+  NoArguments("isspace", a);
+  return Value(IsAllOf(s.str(), IsSpace));
 }
 
 Value MIsUpper(const Value& s, CallArgs& a) {
@@ -251,7 +262,10 @@ Value MListCount(const Value& s, CallArgs& a) {
                                                   [&](const Value& v) { return Equal(v, x); })));
 }
 
-Value MCopy(const Value& s, CallArgs& a) { return ArgBinder("copy", a, {}), s; }
+Value MCopy(const Value& s, CallArgs& a) {
+  NoArguments("copy", a);
+  return s;
+}
 
 // dict
 Value MItems(const Value& s, CallArgs& a) {

@@ -28,24 +28,49 @@ void NoArgs(Args& args, std::string_view test) {
 }
 
 bool TDefined(Interpreter&, const Value& v, Args& a) {
-  return NoArgs(a, "defined"), !v.is_undefined();
+  NoArgs(a, "defined");
+  return !v.is_undefined();
 }
 bool TUndefined(Interpreter&, const Value& v, Args& a) {
-  return NoArgs(a, "undefined"), v.is_undefined();
+  NoArgs(a, "undefined");
+  return v.is_undefined();
 }
-bool TNone(Interpreter&, const Value& v, Args& a) { return NoArgs(a, "none"), v.is_none(); }
-bool TBoolean(Interpreter&, const Value& v, Args& a) { return NoArgs(a, "boolean"), v.is_bool(); }
+bool TNone(Interpreter&, const Value& v, Args& a) {
+  NoArgs(a, "none");
+  return v.is_none();
+}
+bool TBoolean(Interpreter&, const Value& v, Args& a) {
+  NoArgs(a, "boolean");
+  return v.is_bool();
+}
 bool TTrue(Interpreter&, const Value& v, Args& a) {
-  return NoArgs(a, "true"), v.is_bool() && v.bool_value();
+  NoArgs(a, "true");
+  return v.is_bool() && v.bool_value();
 }
 bool TFalse(Interpreter&, const Value& v, Args& a) {
-  return NoArgs(a, "false"), v.is_bool() && !v.bool_value();
+  NoArgs(a, "false");
+  return v.is_bool() && !v.bool_value();
 }
-bool TInteger(Interpreter&, const Value& v, Args& a) { return NoArgs(a, "integer"), v.is_int(); }
-bool TFloat(Interpreter&, const Value& v, Args& a) { return NoArgs(a, "float"), v.is_float(); }
-bool TNumber(Interpreter&, const Value& v, Args& a) { return NoArgs(a, "number"), v.is_number(); }
-bool TString(Interpreter&, const Value& v, Args& a) { return NoArgs(a, "string"), v.is_string(); }
-bool TMapping(Interpreter&, const Value& v, Args& a) { return NoArgs(a, "mapping"), v.is_dict(); }
+bool TInteger(Interpreter&, const Value& v, Args& a) {
+  NoArgs(a, "integer");
+  return v.is_int();
+}
+bool TFloat(Interpreter&, const Value& v, Args& a) {
+  NoArgs(a, "float");
+  return v.is_float();
+}
+bool TNumber(Interpreter&, const Value& v, Args& a) {
+  NoArgs(a, "number");
+  return v.is_number();
+}
+bool TString(Interpreter&, const Value& v, Args& a) {
+  NoArgs(a, "string");
+  return v.is_string();
+}
+bool TMapping(Interpreter&, const Value& v, Args& a) {
+  NoArgs(a, "mapping");
+  return v.is_dict();
+}
 
 bool TIterable(Interpreter&, const Value& v, Args& a) {
   NoArgs(a, "iterable");
@@ -62,7 +87,10 @@ bool TCallable(Interpreter&, const Value& v, Args& a) {
   return v.is_undefined() || (v.is_object() && v.object()->callable());
 }
 
-bool TEscaped(Interpreter&, const Value&, Args& a) { return NoArgs(a, "escaped"), false; }
+bool TEscaped(Interpreter&, const Value&, Args& a) {
+  NoArgs(a, "escaped");
+  return false;
+}
 
 bool TSameAs(Interpreter&, const Value& v, Args& a) {
   const Value& other = Arg(a, "sameas");
@@ -122,8 +150,14 @@ bool CaseIs(const Value& v, bool upper) {
   return cased;
 }
 
-bool TLower(Interpreter&, const Value& v, Args& a) { return NoArgs(a, "lower"), CaseIs(v, false); }
-bool TUpper(Interpreter&, const Value& v, Args& a) { return NoArgs(a, "upper"), CaseIs(v, true); }
+bool TLower(Interpreter&, const Value& v, Args& a) {
+  NoArgs(a, "lower");
+  return CaseIs(v, false);
+}
+bool TUpper(Interpreter&, const Value& v, Args& a) {
+  NoArgs(a, "upper");
+  return CaseIs(v, true);
+}
 
 bool TFilter(Interpreter&, const Value& v, Args& a) {
   NoArgs(a, "filter");

@@ -9,7 +9,8 @@ filter that is json.dumps(ensure_ascii=False). The variables are what the server
 template for an OpenAI chat request (docs/api.md, "Chat templates"), computed here on their
 own from the request: messages (role, content, name, tool_calls with the arguments as an
 object, tool_call_id), tools, documents=None, add_generation_prompt, bos_token / eos_token and
-the request's chat_template_kwargs.
+the request's chat_template_kwargs; when that fails, the server's fallbacks (arguments as JSON
+text, "" for null content), in its order.
 
 Our side is the render_chat_template tool, which sends the same OpenAI request through the
 server's request parser and ChatTemplate.
