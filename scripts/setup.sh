@@ -6,7 +6,7 @@ PACKAGES=(
   libabsl-dev nlohmann-json3-dev libspdlog-dev catch2 libbenchmark-dev coinor-libcbc-dev
   libcpp-httplib-dev libtomlplusplus-dev libsqlite3-dev
   protobuf-compiler protobuf-compiler-grpc libgrpc++-dev libprotobuf-dev python3-grpcio
-  python3-protobuf
+  python3-protobuf python3-jinja2
 )
 # Node.js and npm drive the end-to-end test with the official OpenAI client. A machine that
 # already has them (from any source) keeps its own; Debian's packages conflict with others.

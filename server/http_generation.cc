@@ -29,7 +29,7 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
                                     ApiKind kind) {
   auto body = ParseJsonObject(req.body);
   if (!body.ok()) return SendError(res, body.status());
-  auto spec = SpecFromOpenAi(*body, kind);
+  auto spec = SpecFromOpenAi(*body, kind, req.body);
   if (!spec.ok()) return SendError(res, spec.status());
   SubmitContext submit;
   submit.registry = registry_;

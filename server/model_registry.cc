@@ -190,16 +190,15 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m)
   ChatSpecialTexts specials;
   if (tok.bos_id() >= 0) specials.bos = tok.token_text(tok.bos_id());
   if (tok.eos_id() >= 0) specials.eos = tok.token_text(tok.eos_id());
-  auto chat = ChatTemplate::Create(m->config.chat_template, *template_text, specials);
+  auto tool_use_text = l->model->gguf().GetString("tokenizer.chat_template.tool_use", "");
+  if (!tool_use_text.ok()) return tool_use_text.status();
+  auto chat =
+      ChatTemplate::Create(m->config.chat_template, *template_text, specials, *tool_use_text);
   if (!chat.ok()) return chat.status();
   l->chat_template = std::move(*chat);
-  if (!l->chat_template->end_of_turn().empty()) {
-    const int32_t id = l->encoder->FindControl(l->chat_template->end_of_turn());
+  for (const std::string& text : l->chat_template->end_of_turn_texts()) {
+    const int32_t id = l->encoder->FindControl(text);
     if (id >= 0) l->end_of_turn_tokens.push_back(id);
-  }
-  if (l->chat_template->is_fallback() && !template_text->empty()) {
-    spdlog::warn("model '{}': chat template not recognised; using the plain fallback",
-                 m->config.name);
   }
 
   const int64_t train_ctx = l->model->hparams().n_ctx_train;

@@ -62,8 +62,9 @@ absl::Status GetBool(const json& body, const char* key, bool* out) {
   return absl::OkStatus();
 }
 
-// A string, or an array of text parts [{"type":"text","text":...}].
-absl::Status MessageContent(const json& v, const std::string& param, std::string* out) {
+// A string, or an array of text parts [{"type":"text","text":...}] (kept in `parts` too).
+absl::Status MessageContent(const json& v, const std::string& param, std::string* out,
+                            std::vector<std::string>* parts) {
   if (v.is_string()) {
     *out = v.get<std::string>();
     return absl::OkStatus();
@@ -86,6 +87,43 @@ absl::Status MessageContent(const json& v, const std::string& param, std::string
     const json* text = Field(part, "text");
     if (text == nullptr || !text->is_string()) return WrongType(p + ".text", "a string");
     *out += text->get<std::string>();
+    parts->push_back(text->get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OptionalString(const json& obj, const char* key, const std::string& param,
+                            std::string* out) {
+  const json* v = Field(obj, key);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_string()) return WrongType(absl::StrCat(param, ".", key), "a string");
+  *out = v->get<std::string>();
+  return absl::OkStatus();
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments": JSON text}}].
+absl::Status ToolCalls(const json& v, const std::string& param, ChatMessage* msg) {
+  if (!v.is_array()) return WrongType(param, "an array");
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = absl::StrCat(param, "[", i, "]");
+    if (!v[i].is_object()) return WrongType(p, "an object");
+    ChatToolCall call;
+    if (absl::Status s = OptionalString(v[i], "id", p, &call.id); !s.ok()) return s;
+    if (absl::Status s = OptionalString(v[i], "type", p, &call.type); !s.ok()) return s;
+    const json* function = Field(v[i], "function");
+    if (function == nullptr || !function->is_object()) {
+      return InvalidRequest(p + ".function", "missing_required_parameter",
+                            absl::StrCat("'", p, ".function' is required (an object)"));
+    }
+    if (absl::Status s = OptionalString(*function, "name", p + ".function", &call.name); !s.ok())
+      return s;
+    const json* arguments = Field(*function, "arguments");
+    if (arguments != nullptr) {
+      // The API sends a JSON string; an object some clients send is taken as its text.
+      call.arguments = arguments->is_string() ? arguments->get<std::string>() : arguments->dump();
+    }
+    msg->tool_calls.push_back(std::move(call));
   }
   return absl::OkStatus();
 }
@@ -118,9 +156,17 @@ absl::Status Messages(const json& body, GenerationSpec* spec) {
         return InvalidRequest(p + ".content", "missing_required_parameter",
                               absl::StrCat("'", p, ".content' is required"));
       }
-    } else if (absl::Status s = MessageContent(*content, p + ".content", &msg.content); !s.ok()) {
+      msg.content_is_null = true;
+    } else if (absl::Status s =
+                   MessageContent(*content, p + ".content", &msg.content, &msg.content_parts);
+               !s.ok()) {
       return s;
     }
+    if (const json* calls = Field(m, "tool_calls")) {
+      if (absl::Status s = ToolCalls(*calls, p + ".tool_calls", &msg); !s.ok()) return s;
+    }
+    if (absl::Status s = OptionalString(m, "tool_call_id", p, &msg.tool_call_id); !s.ok()) return s;
+    if (absl::Status s = OptionalString(m, "name", p, &msg.name); !s.ok()) return s;
     spec->messages.push_back(std::move(msg));
   }
   return absl::OkStatus();
@@ -211,6 +257,40 @@ absl::Status Logprobs(const json& body, GenerationSpec* spec) {
   return absl::OkStatus();
 }
 
+// "tools" (an array of function tools) and "chat_template_kwargs" (an object of extra template
+// variables), with their keys in the order the client wrote them: templates print tools as
+// JSON, so the order is part of the prompt.
+absl::Status TemplateInputs(const json& body, std::string_view raw_body, GenerationSpec* spec) {
+  const json* tools = Field(body, "tools");
+  const json* kwargs = Field(body, "chat_template_kwargs");
+  if (tools == nullptr && kwargs == nullptr) return absl::OkStatus();
+  if (tools != nullptr) {
+    if (!tools->is_array()) return WrongType("tools", "an array");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string p = absl::StrCat("tools[", i, "]");
+      if (!t.is_object()) return WrongType(p, "an object");
+      const json* type = Field(t, "type");
+      if (type != nullptr && *type != "function") {
+        return InvalidRequest(p + ".type", "unsupported_value",
+                              "only tools of type 'function' are supported");
+      }
+    }
+  }
+  if (kwargs != nullptr && !kwargs->is_object()) {
+    return WrongType("chat_template_kwargs", "an object");
+  }
+  nlohmann::ordered_json ordered =
+      raw_body.empty() ? nlohmann::ordered_json::parse(body.dump())
+                       : nlohmann::ordered_json::parse(raw_body, nullptr, false);
+  if (ordered.is_discarded() || !ordered.is_object()) {
+    ordered = nlohmann::ordered_json::parse(body.dump());
+  }
+  if (tools != nullptr) spec->tools = ordered["tools"];
+  if (kwargs != nullptr) spec->chat_template_kwargs = ordered["chat_template_kwargs"];
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<json> ParseJsonObject(std::string_view body) {
@@ -254,7 +334,8 @@ absl::StatusOr<std::string> RequestedModel(const json& body) {
   return m->get<std::string>();
 }
 
-absl::StatusOr<GenerationSpec> SpecFromOpenAi(const json& body, ApiKind kind) {
+absl::StatusOr<GenerationSpec> SpecFromOpenAi(const json& body, ApiKind kind,
+                                              std::string_view raw_body) {
   GenerationSpec spec;
   spec.kind = kind;
   auto model = RequestedModel(body);
@@ -262,6 +343,9 @@ absl::StatusOr<GenerationSpec> SpecFromOpenAi(const json& body, ApiKind kind) {
   spec.model = *model;
   absl::Status s = kind == ApiKind::kChat ? Messages(body, &spec) : Prompt(body, &spec);
   if (!s.ok()) return s;
+  if (kind == ApiKind::kChat) {
+    if (absl::Status st = TemplateInputs(body, raw_body, &spec); !st.ok()) return st;
+  }
   std::optional<int64_t> max_completion_tokens, best_of;
   for (absl::Status st : {
            GetDouble(body, "temperature", &spec.temperature),

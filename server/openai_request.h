@@ -1,6 +1,7 @@
 // The OpenAI wire format of requests: JSON bodies of /v1/chat/completions, /v1/completions,
 // /tokenize and /detokenize turned into front-end-neutral specs, with types checked and the
-// field at fault named. Unknown fields are ignored; null counts as absent.
+// field at fault named. Unknown fields are ignored; null counts as absent. Chat messages keep
+// their tool calls, tool_call_id and name, and the request its tools, for the chat template.
 #pragma once
 
 #include <string_view>
@@ -18,6 +19,9 @@ absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view body);
 // The "model" field (required, a string).
 absl::StatusOr<std::string> RequestedModel(const nlohmann::json& body);
 
-absl::StatusOr<GenerationSpec> SpecFromOpenAi(const nlohmann::json& body, ApiKind kind);
+// `raw_body`: the body's text, when the caller has it; "tools" and "chat_template_kwargs" are
+// read from it to keep their key order (nlohmann::json sorts keys).
+absl::StatusOr<GenerationSpec> SpecFromOpenAi(const nlohmann::json& body, ApiKind kind,
+                                              std::string_view raw_body = {});
 
 }  // namespace thermocline::server

@@ -71,7 +71,14 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
     if (spec.messages.empty()) {
       return InvalidRequest("messages", "invalid_value", "'messages' must not be empty");
     }
-    prompt = model.encoder->Encode(model.chat_template->Render(spec.messages), tok.add_bos());
+    ChatRenderOptions options;
+    options.tools = spec.tools;
+    options.variables = spec.chat_template_kwargs;
+    auto text = model.chat_template->Render(spec.messages, options);
+    if (!text.ok()) {
+      return InvalidRequest("messages", "invalid_value", std::string(text.status().message()));
+    }
+    prompt = model.encoder->Encode(*text, tok.add_bos());
   } else if (spec.prompt_ids) {
     for (int64_t id : *spec.prompt_ids) {
       if (id < 0 || id >= tok.vocab_size()) {

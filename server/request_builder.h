@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "server/chat_template.h"
 #include "server/config.h"
 #include "server/model_registry.h"
@@ -23,6 +24,8 @@ struct GenerationSpec {
   ApiKind kind = ApiKind::kCompletion;
   std::string model;
   std::vector<ChatMessage> messages;               // chat
+  nlohmann::ordered_json tools;                    // chat: OpenAI function tools; null: none
+  nlohmann::ordered_json chat_template_kwargs;     // chat: extra template variables; null: none
   std::optional<std::string> prompt_text;          // completion
   std::optional<std::vector<int64_t>> prompt_ids;  // completion given as token ids
   std::optional<double> temperature, top_p, min_p, repeat_penalty, presence_penalty,

@@ -79,7 +79,7 @@ TEST_CASE("several models are served side by side", "[server][lifecycle]") {
   CHECK(Json(big.body)["error"]["type"] == "exceed_context_size_error");
 }
 
-TEST_CASE("the chat template is recognised from the GGUF metadata", "[server][lifecycle]") {
+TEST_CASE("the chat template of the GGUF metadata renders the prompt", "[server][lifecycle]") {
   REQUIRE_STORIES_MODEL();
   // stories260K with Meta's Llama-2 chat template added.
   auto file = GgufFile::Open(StoriesModel());
@@ -96,7 +96,8 @@ TEST_CASE("the chat template is recognised from the GGUF metadata", "[server][li
   REQUIRE(w.Write(path).ok());
 
   DaemonProcess d("[[models]]\npath = \"" + path + "\"\nname = \"chat\"\n");
-  CHECK(Json(Http(d.port(), "GET", "/v1/models/chat").body)["chat_template"] == "llama-2");
+  // The GGUF's template is rendered by the Jinja engine.
+  CHECK(Json(Http(d.port(), "GET", "/v1/models/chat").body)["chat_template"] == "jinja");
   CHECK(
       Json(Http(d.port(), "GET", std::string("/v1/models/") + kModelName).body)["chat_template"] ==
       "fallback");
@@ -114,6 +115,84 @@ TEST_CASE("the chat template is recognised from the GGUF metadata", "[server][li
   CHECK(ids[0] == 1);
   CHECK(ids[1] != 1);
   CHECK(Json(r.body)["usage"]["prompt_tokens"] == ids.size());
+}
+
+// stories260K with `chat_template` as its tokenizer.chat_template, written to `name`.
+std::string StoriesWithTemplate(const std::string& name, const std::string& chat_template) {
+  auto file = GgufFile::Open(StoriesModel());
+  REQUIRE(file.ok());
+  GgufWriter w;
+  for (const GgufKeyValue& kv : (*file)->metadata()) w.Set(kv.key, kv.value);
+  w.SetString("tokenizer.chat_template", chat_template);
+  for (const GgufTensorInfo& t : (*file)->tensors()) {
+    REQUIRE(w.AddTensor(t.name, t.type, t.dims, t.data, t.size_bytes).ok());
+  }
+  const std::string path = (TempDir() / name).string();
+  REQUIRE(w.Write(path).ok());
+  return path;
+}
+
+TEST_CASE("chat requests render tools and tool turns through the model's template",
+          "[server][lifecycle][chat]") {
+  REQUIRE_STORIES_MODEL();
+  const std::string path = StoriesWithTemplate(
+      "stories-tools.gguf",
+      "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+      "{% for m in messages %}{% if m.role == 'system' %}"
+      "{{ raise_exception('no system messages, please') }}{% endif %}"
+      "{% for c in m.tool_calls or [] %}<{{ c.function.arguments.city }}>{% endfor %}"
+      "{{ m.content or '' }}{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %}{% endfor %}");
+  DaemonProcess d("[[models]]\npath = \"" + path + "\"\nname = \"chat\"\n");
+  const json request = {
+      {"model", "chat"},
+      {"max_tokens", 2},
+      {"tools", {{{"type", "function"}, {"function", {{"name", "weather"}}}}}},
+      {"messages",
+       {{{"role", "user"}, {"content", "Once"}},
+        {{"role", "assistant"},
+         {"content", nullptr},
+         {"tool_calls",
+          {{{"id", "c1"},
+            {"type", "function"},
+            {"function", {{"name", "weather"}, {"arguments", "{\"city\": \"Oslo\"}"}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "sunny"}}}}};
+  HttpResponse r = Http(d.port(), "POST", "/v1/chat/completions", request.dump());
+  REQUIRE(r.status == 200);
+  // The prompt the template made: "[weather]Once<Oslo>sunny(c1)".
+  HttpResponse t = Http(
+      d.port(), "POST", "/tokenize",
+      json{{"model", "chat"}, {"content", "[weather]Once<Oslo>sunny(c1)"}, {"add_special", true}}
+          .dump());
+  CHECK(Json(r.body)["usage"]["prompt_tokens"] == Json(t.body)["tokens"].size());
+
+  // The template's refusal of a conversation is a 400 with its message.
+  HttpResponse refused =
+      Http(d.port(), "POST", "/v1/chat/completions",
+           json{{"model", "chat"},
+                {"messages",
+                 {{{"role", "system"}, {"content", "s"}}, {{"role", "user"}, {"content", "q"}}}}}
+               .dump());
+  CHECK(refused.status == 400);
+  CHECK(Json(refused.body)["error"]["message"].get<std::string>().find(
+            "no system messages, please") != std::string::npos);
+}
+
+TEST_CASE("a chat template that cannot be read stops the model's load, naming the line",
+          "[server][lifecycle][chat]") {
+  REQUIRE_STORIES_MODEL();
+  const std::string path =
+      StoriesWithTemplate("stories-bad-template.gguf", "{% for m in messages %}\n{{ m.content }");
+  const std::string cmd =
+      "timeout 20 " + ThermoclineBinary() + " serve --port 0 --model " + path + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[512];
+  std::string out;
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  INFO(out);
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(out.find("tokenizer.chat_template cannot be read: line 2") != std::string::npos);
 }
 
 TEST_CASE("a model that cannot load stops the daemon with exit code 1", "[server][lifecycle]") {

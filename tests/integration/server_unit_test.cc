@@ -59,55 +59,58 @@ TEST_CASE("stop strings are cut, also across pieces", "[server][stop]") {
   CHECK(RunStops({""}, {"a", "b"}) == std::pair<std::string, bool>{"ab", false});
 }
 
-TEST_CASE("chat template families are recognised and rendered", "[server][chat]") {
+TEST_CASE("chat template families render by name", "[server][chat]") {
   const ChatSpecialTexts s{"<s>", "</s>"};
   const std::vector<ChatMessage> msgs = {
       {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}};
   struct Case {
-    const char* template_text;
     const char* family;
     const char* rendered;
   };
   const Case cases[] = {
-      {"{% for m in messages %}<|im_start|>{{m.role}}", "chatml",
+      {"chatml",
        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
        "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
        "<|im_start|>assistant\n"},
-      {"<|start_header_id|>", "llama-3",
+      {"llama-3",
        "<s><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
        "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"
        "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
        "<|start_header_id|>assistant<|end_header_id|>\n\n"},
-      {"[INST] <<SYS>>", "llama-2",
+      {"llama-2",
        "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello </s><s>[INST] Bye [/INST]"},
-      {"{{ '[INST] ' + message['content'] + ' [/INST]' }}", "mistral",
+      {"mistral",
        "<s>[INST] Be brief.\n\nHi [/INST]Hello</s>[INST] Bye [/INST]"},
-      {"<|user|>\n{{ message['content'] }}{{ eos_token }}", "zephyr",
+      {"zephyr",
        "<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello</s>\n<|user|>\nBye</s>\n"
        "<|assistant|>\n"},
-      {"<start_of_turn>", "gemma",
+      {"gemma",
        "<s><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello"
        "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"},
-      {"<|user|>{{ content }}<|end|><|assistant|>", "phi-3",
+      {"phi-3",
        "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n"
        "<|user|>\nBye<|end|>\n<|assistant|>\n"},
-      {"", "fallback", "Be brief.\n\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:"},
-      {"{{ something unknown }}", "fallback",
-       "Be brief.\n\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:"},
+      {"fallback", "Be brief.\n\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:"},
   };
   for (const Case& c : cases) {
     INFO(c.family);
-    auto t = ChatTemplate::Create("", c.template_text, s);
-    REQUIRE(t.ok());
-    CHECK(t->name() == c.family);
-    CHECK(t->Render(msgs) == c.rendered);
-    // The same family by name.
     auto named = ChatTemplate::Create(c.family, "", s);
     REQUIRE(named.ok());
+    CHECK(named->name() == c.family);
+    CHECK(!named->is_jinja());
     CHECK(named->Render(msgs) == c.rendered);
+    // The override wins over the GGUF's own template.
+    auto over = ChatTemplate::Create(c.family, "{{ 'ignored' }}", s);
+    REQUIRE(over.ok());
+    CHECK(over->Render(msgs) == c.rendered);
   }
-  CHECK(ChatTemplate::Create("", "", s)->implied_stops() == std::vector<std::string>{"\nUser:"});
+  // No template in the file: the plain fallback.
+  auto none = ChatTemplate::Create("", "", s);
+  REQUIRE(none.ok());
+  CHECK(none->is_fallback());
+  CHECK(none->Render(msgs) == "Be brief.\n\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:");
+  CHECK(none->implied_stops() == std::vector<std::string>{"\nUser:"});
   CHECK(ChatTemplate::Create("chatml", "", s)->end_of_turn() == "<|im_end|>");
   auto bad = ChatTemplate::Create("nope", "", s);
   REQUIRE(!bad.ok());
