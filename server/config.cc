@@ -109,6 +109,7 @@ absl::Status ReadModels(const toml::node* node, ServerConfig* c) {
     r.Get<std::string>("chat_template", &m.chat_template);
     r.Get<std::string>("sparse", &m.sparse);
     r.Get<std::string>("sidecar", &m.sidecar);
+    r.Get<bool>("oracle", &m.oracle);
     r.Get<std::string>("gpu_memory", &m.gpu_memory);
     r.Get<std::string>("gpu_layers", &m.gpu_layers);
     if (absl::Status s = r.Finish(); !s.ok()) return s;

@@ -21,6 +21,9 @@ struct ModelConfig {
   // is given or lies beside the model as <path>.thermo.gguf).
   std::string sparse = "auto";
   std::string sidecar;  // offline sidecar (thermocline profile); "" = look beside the model
+  // Sparse with the exact active sets (dense gate/up) instead of the predictors: the quality
+  // check of a placement, not for speed.
+  bool oracle = false;
   // The GPU (engine/runtime/engine.h): device memory the model may use ("8G", bytes; "" = no
   // cap asked for) and whole layers on it ("auto", a count; "" = none asked for). With a sidecar
   // and gpu_memory the solved hybrid placement runs; with gpu_layers, -ngl-style whole layers.

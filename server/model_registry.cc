@@ -120,6 +120,7 @@ absl::StatusOr<std::optional<SparsePlan>> ModelRegistry::ResolveSparse(ServedMod
   request.mode = pending.empty() ? *mode : offline::SparseMode::kOn;
   request.sidecar = pending.empty() ? c.sidecar : pending;
   request.model_path = c.path;
+  request.oracle = c.oracle;
   absl::StatusOr<offline::ResolvedSparse> resolved = offline::ResolveSparsePlan(model, request);
   if (!resolved.ok()) {
     // A registered model stays usable dense when its job's sidecar cannot be used.

@@ -27,6 +27,8 @@ constexpr char kUsage[] = R"(usage: thermocline generate -m MODEL -p PROMPT [opt
   --activation A           override the FFN activation: silu | relu | drelu
   --ignore-eos             keep generating past end-of-sequence tokens
   --json                   print one JSON object instead of streaming text
+  --logprobs               with --json: each generated token's log-probability (of the raw
+                           logits, as the API's logprobs)
 )";
 
 absl::StatusOr<SamplingParams> SamplingFromArgs(const Args& args) {
@@ -64,7 +66,7 @@ int RunGenerate(int argc, char** argv) {
                    "--repeat-penalty", "--frequency-penalty", "--presence-penalty", "--seed",
                    "--threads", "--ctx", "--activation", "--sparse", "--sidecar",
                    "--target-sparsity", "--gpu-memory", "--gpu-layers"},
-                  {"--json", "--ignore-eos", "--help", "--oracle"},
+                  {"--json", "--ignore-eos", "--help", "--oracle", "--logprobs"},
                   {{"-m", "--model"},
                    {"-p", "--prompt"},
                    {"-n", "--n-predict"},
@@ -119,12 +121,19 @@ int RunGenerate(int argc, char** argv) {
       std::min<int64_t>(*n_predict, session->n_ctx() - static_cast<int64_t>(prompt_ids.size())));
   options.sampling = *sampling;
   options.stop_at_end_of_generation = !args->Has("--ignore-eos");
+  options.raw_logits = args->Has("--logprobs");
   const bool json = args->Has("--json");
+  std::vector<float> logprobs;
+  logprobs.reserve(options.max_tokens);
+  const int64_t n_vocab = (*model)->hparams().n_vocab;
   if (!json) {
     std::fwrite(prompt->data(), 1, prompt->size(), stdout);
     std::fflush(stdout);
   }
   auto result = Generate(*session, prompt_ids, options, [&](const GeneratedToken& t) {
+    if (t.logits != nullptr) {
+      logprobs.push_back(Sampler::Logprob(absl::Span<const float>(t.logits, n_vocab), t.id));
+    }
     if (!json && !t.text.empty()) {
       std::fwrite(t.text.data(), 1, t.text.size(), stdout);
       std::fflush(stdout);
@@ -148,6 +157,7 @@ int RunGenerate(int argc, char** argv) {
         {"decode_seconds", result->decode_seconds},
         {"threads", *threads},
     };
+    if (options.raw_logits) out["logprobs"] = logprobs;
     std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::fprintf(stdout, "\n");

@@ -28,6 +28,7 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
   --sparse off|on|auto     sparse FFN serving of every model (default auto: when a sidecar is
                            given or MODEL.thermo.gguf lies beside the model)
   --sidecar FILE           the sidecar of the (single) --model (thermocline profile makes one)
+  --oracle                 sparse with exact active sets (dense gate/up) instead of predictors
   --gpu-memory BYTES       device memory each model may use (8G, 512M): with a sidecar, its
                            solved hybrid placement (attention, head and hot neurons on the GPU);
                            without one, as many whole layers as fit (CUDA builds; without a
@@ -80,6 +81,9 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
   if (auto mode = args.Get("--sparse")) {
     for (server::ModelConfig& m : c->models) m.sparse = *mode;
   }
+  if (args.Has("--oracle")) {
+    for (server::ModelConfig& m : c->models) m.oracle = true;
+  }
   if (auto bytes = args.Get("--gpu-memory")) {
     for (server::ModelConfig& m : c->models) m.gpu_memory = *bytes;
     c->gpu_memory = *bytes;
@@ -128,7 +132,7 @@ int RunServe(int argc, char** argv) {
       {"--config", "--host", "--port", "--api-key", "--slots", "--queue", "--threads", "--ctx",
        "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key", "--grpc-port",
        "--gpu-memory", "--gpu-layers"},
-      {"--help"}, {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
+      {"--help", "--oracle"}, {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("serve", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);

@@ -11,6 +11,7 @@
 #include "engine/model/session.h"
 #include "engine/sparse/sparse_ffn.h"
 #include "model_fixtures.h"
+#include "powerinfer_fixture.h"
 #include "offline/sparse_source.h"
 
 namespace thermocline {
@@ -20,64 +21,7 @@ using testing::CachedModel;
 using testing::LoadReference;
 using testing::TempDir;
 using testing::TestModelPath;
-
-// relu-tiny (F32) rewritten as PowerInfer writes a model.
-std::string WritePowerInferFile(const std::string& source) {
-  auto in = GgufFile::Open(source);
-  REQUIRE(in.ok());
-  const GgufFile& f = **in;
-  GgufWriter w;
-  for (const GgufKeyValue& kv : f.metadata()) {
-    if (kv.key != "llama.feed_forward_activation") w.Set(kv.key, kv.value);
-  }
-  w.SetFloat32("powerinfer.sparse_threshold", 0.0f);
-  std::vector<std::vector<float>> keep;
-  for (const GgufTensorInfo& t : f.tensors()) {
-    const std::string& name = t.name;
-    const size_t pos = name.find(".ffn_down.weight");
-    if (pos == std::string::npos) {
-      REQUIRE(w.AddTensor(name, t.type, t.dims, t.data, t.size_bytes).ok());
-      continue;
-    }
-    REQUIRE(t.type == GgmlType::kF32);
-    const std::string blk = name.substr(0, pos);  // "blk.N"
-    const int64_t n_embd = t.dims[1], n_ff = t.dims[0];
-    const float* down = reinterpret_cast<const float*>(t.data);  // (n_embd, n_ff)
-    std::vector<float> down_t(n_ff * n_embd);
-    for (int64_t r = 0; r < n_embd; ++r) {
-      for (int64_t c = 0; c < n_ff; ++c) down_t[c * n_embd + r] = down[r * n_ff + c];
-    }
-    const GgufTensorInfo* gate = f.FindTensor(blk + ".ffn_gate.weight");
-    REQUIRE(gate != nullptr);
-    const float* g = reinterpret_cast<const float*>(gate->data);  // (n_ff, n_embd)
-    std::vector<float> fc1(2 * n_ff * n_embd), fc2(n_ff * 2 * n_ff, 0.0f);
-    for (int64_t i = 0; i < n_ff * n_embd; ++i) {
-      fc1[i] = g[i];
-      fc1[n_ff * n_embd + i] = -g[i];
-    }
-    for (int64_t i = 0; i < n_ff; ++i) {
-      fc2[i * 2 * n_ff + i] = 1.0f;
-      fc2[i * 2 * n_ff + n_ff + i] = -1.0f;
-    }
-    auto bytes = [](const std::vector<float>& v) {
-      std::vector<uint8_t> b(v.size() * 4);
-      std::memcpy(b.data(), v.data(), b.size());
-      return b;
-    };
-    REQUIRE(
-        w.AddTensorCopy(blk + ".ffn_down_t.weight", GgmlType::kF32, {n_embd, n_ff}, bytes(down_t))
-            .ok());
-    REQUIRE(
-        w.AddTensorCopy(blk + ".fc1.weight", GgmlType::kF32, {n_embd, 2 * n_ff}, bytes(fc1)).ok());
-    REQUIRE(
-        w.AddTensorCopy(blk + ".fc2.weight", GgmlType::kF32, {2 * n_ff, n_ff}, bytes(fc2)).ok());
-  }
-  const std::string path = (TempDir() / "relu-tiny.powerinfer.gguf").string();
-  REQUIRE(w.Write(path).ok());
-  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
-  io.write("PWRI", 4);
-  return path;
-}
+using testing::WritePowerInferFile;
 
 TEST_CASE("a PowerInfer file loads and runs sparse on its own predictors", "[sparse][powerinfer]") {
   const std::string source = TestModelPath("relu-tiny.f32.gguf");
