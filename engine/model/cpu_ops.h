@@ -1,5 +1,6 @@
 // Small element-wise operators of the forward pass (norms, RoPE of both pair layouts, softmax,
-// gated activations, soft-capping). Plain loops the compiler vectorizes; the heavy products live in ops/matmul.h.
+// gated activations, soft-capping). Plain loops the compiler vectorizes; the heavy products
+// live in ops/matmul.h.
 #pragma once
 
 #include <cmath>

@@ -11,9 +11,9 @@ namespace {
 
 absl::Status Refuse(const LlamaModel& model, std::string_view path,
                     const std::vector<std::string>& what) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      std::string(path), " cannot run ", model.architecture().name, " models yet (",
-      absl::StrJoin(what, ", "), "); run the model without it"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(std::string(path), " cannot run ", model.architecture().name, " models yet (",
+                   absl::StrJoin(what, ", "), "); run the model without it"));
 }
 
 }  // namespace

@@ -40,11 +40,11 @@ RopeTable RopeTable::ForModel(const LlamaHparams& h, absl::Span<const float> fac
   double low = 0, high = 0;
   if (h.rope_scaling == RopeScaling::kYarn) {
     const double base = h.rope_freq_base;
-    low = std::max(0.0, std::floor(YarnCorrectionDim(h.yarn_beta_fast, h.rope_dim,
-                                                     h.rope_orig_ctx, base)));
-    high = std::min(static_cast<double>(h.rope_dim - 1),
-                    std::ceil(YarnCorrectionDim(h.yarn_beta_slow, h.rope_dim, h.rope_orig_ctx,
-                                                base)));
+    low = std::max(
+        0.0, std::floor(YarnCorrectionDim(h.yarn_beta_fast, h.rope_dim, h.rope_orig_ctx, base)));
+    high =
+        std::min(static_cast<double>(h.rope_dim - 1),
+                 std::ceil(YarnCorrectionDim(h.yarn_beta_slow, h.rope_dim, h.rope_orig_ctx, base)));
     t.mscale_ *= static_cast<float>(1.0 + 0.1 * std::log(1.0 / scale));
   }
   for (int64_t i = 0; i < pairs; ++i) {
@@ -69,7 +69,8 @@ RopeTable RopeTable::ForSlidingLayers(const LlamaHparams& h) {
   RopeTable t;
   const int64_t pairs = h.rope_dim / 2;
   t.coef_.resize(pairs);
-  for (int64_t i = 0; i < pairs; ++i) t.coef_[i] = BaseFrequency(h.rope_freq_base_swa, i, h.rope_dim);
+  for (int64_t i = 0; i < pairs; ++i)
+    t.coef_[i] = BaseFrequency(h.rope_freq_base_swa, i, h.rope_dim);
   return t;
 }
 

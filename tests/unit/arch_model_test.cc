@@ -10,6 +10,7 @@
 
 #include "arch_reference_model.h"
 #include "engine/model/session.h"
+#include "engine/sparse/sparse_ffn.h"
 #include "model_fixtures.h"
 
 namespace thermocline {
@@ -105,7 +106,8 @@ TEST_CASE("the reference forward pass reproduces stories260K's reference", "[mod
     const std::vector<float> first = p["first_logits"];
     const std::vector<double> got = RefLogits(m, ids).back();
     double max_err = 0;
-    for (size_t i = 0; i < first.size(); ++i) max_err = std::max(max_err, std::abs(got[i] - first[i]));
+    for (size_t i = 0; i < first.size(); ++i)
+      max_err = std::max(max_err, std::abs(got[i] - first[i]));
     CHECK(max_err < kLogitTolerance);
     const std::vector<int32_t> greedy = p["greedy_ids"];
     CHECK(RefGreedy(m, ids, kGreedyTokens) ==
@@ -175,6 +177,31 @@ TEST_CASE("phi3 (fused QKV and gate/up, NEOX RoPE) reproduces stories260K", "[mo
   }
 }
 
+TEST_CASE("the sparse FFN runs other families' gated FFNs, phi3's fused views included",
+          "[model][arch][sparse]") {
+  // A plan without predictors makes every neuron a candidate and, at magnitude threshold 0,
+  // every nonzero activation fires: the sparse FFN computes the dense FFN, so phi3 (whose gate
+  // and up are row ranges of one fused tensor) and qwen2 give their dense greedy tokens.
+  const nlohmann::json ref = LoadReference("stories260K.reference.json");
+  for (const std::string path :
+       {WritePhi3(512, "phi3.gguf"), TestModelPath("arch/stories260K-qwen2.gguf")}) {
+    INFO(path);
+    const LlamaModel& model = CachedModel(path);
+    ThreadPool pool(2);
+    auto sparse = SparseFfn::Create(model, std::vector<SparseLayerPlan>(model.hparams().n_layer),
+                                    &pool, SparseFfnOptions{});
+    REQUIRE(sparse.ok());
+    auto dense = Session::Create(model, &pool);
+    auto with_sparse = Session::Create(model, &pool);
+    REQUIRE((dense.ok() && with_sparse.ok()));
+    (*with_sparse)->set_ffn_backend(sparse->get());
+    for (const nlohmann::json& p : ref["prompts"]) {
+      const std::vector<int32_t> ids = p["prompt_ids"];
+      CHECK(GreedyIds(**with_sparse, ids, kGreedyTokens) == GreedyIds(**dense, ids, kGreedyTokens));
+    }
+  }
+}
+
 TEST_CASE("a sliding window of one position makes each token see only itself", "[model][arch]") {
   // With a window of 1, every layer's attention at position p attends to p alone: its output
   // is p's own value row, whatever came before and whatever the position's rotation. The last
@@ -195,8 +222,8 @@ TEST_CASE("a sliding window of one position makes each token see only itself", "
     same = std::max(same, double{std::abs((*a)->logits()[i] - (*b)->logits()[i])});
     differs = std::max(differs, double{std::abs((*a)->logits()[i] - (*c)->logits()[i])});
   }
-  CHECK(same < 1e-4);     // the same arithmetic on the same rows, but for summation order
-  CHECK(differs > 0.1);   // and the context does matter without the window
+  CHECK(same < 1e-4);    // the same arithmetic on the same rows, but for summation order
+  CHECK(differs > 0.1);  // and the context does matter without the window
 }
 
 TEST_CASE("qwen3 (per-head Q/K RMSNorm before RoPE) computes the reference", "[model][arch]") {
@@ -232,8 +259,7 @@ TEST_CASE("gemma2 slides its even layers' attention as the reference does", "[mo
   CheckAgainstReference(testing::WriteRefModel(m, layout, Stories(), "gemma2-window3.gguf"), m);
 }
 
-TEST_CASE("gemma3: Q/K norms, local layers with their own window and RoPE base",
-          "[model][arch]") {
+TEST_CASE("gemma3: Q/K norms, local layers with their own window and RoPE base", "[model][arch]") {
   // Six layers (stories260K's five, then its layer 0 again): layers 0-4 are local (window 4,
   // RoPE base 10000), layer 5 is global with gemma3.rope.freq_base = 1e6.
   RefModel m = testing::Stories260K(Stories());
@@ -345,8 +371,8 @@ TEST_CASE("linear RoPE scaling divides positions by the factor", "[model][arch][
   std::vector<double> coef = testing::BaseRopeCoef(10000, 8);
   for (double& c : coef) c /= 4;
   const RefModel m = StoriesWithRope(coef, 1);
-  const auto layout = LlamaWith({Str("llama.rope.scaling.type", "linear"),
-                                 F32("llama.rope.scaling.factor", 4)});
+  const auto layout =
+      LlamaWith({Str("llama.rope.scaling.type", "linear"), F32("llama.rope.scaling.factor", 4)});
   CheckAgainstReference(testing::WriteRefModel(m, layout, Stories(), "rope-linear.gguf"), m);
 }
 
@@ -375,9 +401,9 @@ TEST_CASE("llama3 RoPE scaling spreads the factor over the pairs by wavelength",
   CHECK((divisors[1] > 1.0f && divisors[1] < 8.0f));
   CHECK(divisors[3] == 8.0f);
   const RefModel m = StoriesWithRope(coef, 1);
-  const auto layout = LlamaWith({Str("llama.rope.scaling.type", "llama3"),
-                                 F32("llama.rope.scaling.factor", 8),
-                                 U32("llama.rope.scaling.original_context_length", 64)});
+  const auto layout =
+      LlamaWith({Str("llama.rope.scaling.type", "llama3"), F32("llama.rope.scaling.factor", 8),
+                 U32("llama.rope.scaling.original_context_length", 64)});
   CheckAgainstReference(testing::WriteRefModel(m, layout, Stories(), "rope-llama3.gguf"), m);
   // The same divisors as a rope_freqs tensor (what llama.cpp's converter writes) are the same
   // model.
@@ -402,9 +428,9 @@ TEST_CASE("YaRN blends interpolated and original angles per pair and scales cos 
     coef[i] *= keep + (1 - keep) / s;
   }
   const RefModel m = StoriesWithRope(coef, 1 + 0.1 * std::log(s));
-  const auto layout = LlamaWith({Str("llama.rope.scaling.type", "yarn"),
-                                 F32("llama.rope.scaling.factor", 4),
-                                 U32("llama.rope.scaling.original_context_length", 32)});
+  const auto layout =
+      LlamaWith({Str("llama.rope.scaling.type", "yarn"), F32("llama.rope.scaling.factor", 4),
+                 U32("llama.rope.scaling.original_context_length", 32)});
   CheckAgainstReference(testing::WriteRefModel(m, layout, Stories(), "rope-yarn.gguf"), m);
 }
 
@@ -421,7 +447,8 @@ TEST_CASE("LongRoPE (phi3) takes the short factors up to the original context, t
                   F32("phi3.rope.scaling.attn_factor", 1.2f)};
   layout.extra_tensors = {{"rope_factors_long.weight", lng}, {"rope_factors_short.weight", shrt}};
   const std::string path = testing::WriteRefModel(m, layout, Stories(), "phi3-longrope.gguf");
-  for (const auto& [n_ctx, factors] : {std::pair{int64_t{128}, shrt}, std::pair{int64_t{256}, lng}}) {
+  for (const auto& [n_ctx, factors] :
+       {std::pair{int64_t{128}, shrt}, std::pair{int64_t{256}, lng}}) {
     INFO("n_ctx " << n_ctx);
     std::vector<double> coef = testing::BaseRopeCoef(10000, 8);
     for (size_t i = 0; i < coef.size(); ++i) coef[i] /= factors[i];

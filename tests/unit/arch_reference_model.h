@@ -97,8 +97,8 @@ inline RefModel Stories260K(const GgufFile& f) {
 // Reorders the rows of each head of w: (n_heads * hd, cols) so that NEOX RoPE's pair
 // (i, i + hd/2) holds what adjacent RoPE's pair (2i, 2i + 1) held: the same rotations of the
 // same values, so q·k, and the whole model, are unchanged.
-inline std::vector<float> PermuteForNeox(const std::vector<float>& w, int64_t n_heads,
-                                         int64_t hd, int64_t cols) {
+inline std::vector<float> PermuteForNeox(const std::vector<float>& w, int64_t n_heads, int64_t hd,
+                                         int64_t cols) {
   std::vector<float> out(w.size());
   for (int64_t h = 0; h < n_heads; ++h) {
     for (int64_t j = 0; j < hd; ++j) {
@@ -169,8 +169,7 @@ inline std::vector<Vec> RefLogits(const RefModel& m, const std::vector<int32_t>&
     for (size_t l = 0; l < m.layers.size(); ++l) {
       const RefLayer& L = m.layers[l];
       const Vec xn = RmsNormed(x, L.attn_norm, m.eps);
-      Vec q = MatVec(L.wq, xn, m.n_head * hd), k = MatVec(L.wk, xn, kvd),
-          v = MatVec(L.wv, xn, kvd);
+      Vec q = MatVec(L.wq, xn, m.n_head * hd), k = MatVec(L.wk, xn, kvd), v = MatVec(L.wv, xn, kvd);
       for (int64_t i = 0; i < static_cast<int64_t>(L.bq.size()); ++i) q[i] += L.bq[i];
       for (int64_t i = 0; i < static_cast<int64_t>(L.bk.size()); ++i) k[i] += L.bk[i];
       for (int64_t i = 0; i < static_cast<int64_t>(L.bv.size()); ++i) v[i] += L.bv[i];
@@ -227,7 +226,8 @@ inline std::vector<Vec> RefLogits(const RefModel& m, const std::vector<int32_t>&
         for (double& e : r) e /= sum;
         std::vector<int64_t> order(ne);
         for (int64_t e = 0; e < ne; ++e) order[e] = e;
-        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return r[a] > r[b]; });
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t a, int64_t b) { return r[a] > r[b]; });
         double wsum = 0;
         for (int64_t j = 0; j < m.n_expert_used; ++j) wsum += r[order[j]];
         for (int64_t j = 0; j < m.n_expert_used; ++j) {
@@ -261,8 +261,8 @@ inline std::vector<int32_t> RefGreedy(const RefModel& m, std::vector<int32_t> se
   std::vector<int32_t> got;
   for (int i = 0; i < n; ++i) {
     const Vec last = RefLogits(m, seq).back();
-    const int32_t next = static_cast<int32_t>(std::max_element(last.begin(), last.end()) -
-                                              last.begin());
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
     got.push_back(next);
     seq.push_back(next);
   }
@@ -273,8 +273,8 @@ inline std::vector<int32_t> RefGreedy(const RefModel& m, std::vector<int32_t> se
 
 struct RefLayout {
   std::string arch = "llama";
-  bool fused_qkv = false;      // attn_qkv = Q, K, V rows (phi3)
-  bool fused_gate_up = false;  // ffn_up = gate rows, then up rows (phi3)
+  bool fused_qkv = false;           // attn_qkv = Q, K, V rows (phi3)
+  bool fused_gate_up = false;       // ffn_up = gate rows, then up rows (phi3)
   std::vector<GgufKeyValue> extra;  // family keys beyond the common ones
   std::vector<std::pair<std::string, std::vector<float>>> extra_tensors;
 };

@@ -73,8 +73,7 @@ void CheckAgainstLlamaCpp(const ArchCase& c, int threads) {
       CHECK(std::abs(logits[top[0].get<int>()] - top[1].get<double>()) < c.logit_tolerance);
     }
     const std::vector<int32_t> expected = p["greedy_ids"];
-    const std::vector<int32_t> got =
-        GreedyIds(**session, ids, static_cast<int>(expected.size()));
+    const std::vector<int32_t> got = GreedyIds(**session, ids, static_cast<int>(expected.size()));
     if (c.full_matches > 0) {
       CHECK(std::equal(expected.begin(), expected.begin() + 16, got.begin()));
     }
