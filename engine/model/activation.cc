@@ -25,9 +25,8 @@ absl::StatusOr<FfnActivation> ParseActivation(const std::string& name) {
   if (n == "silu" || n == "swiglu" || n == "swish") return FfnActivation::kSilu;
   if (n == "relu" || n == "reglu") return FfnActivation::kRelu;
   if (n == "drelu") return FfnActivation::kDRelu;
-  if (n == "gelu" || n == "geglu") return FfnActivation::kGeluTanh;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown FFN activation '", name, "' (expected silu, relu, drelu or gelu)"));
+      absl::StrCat("unknown FFN activation '", name, "' (expected silu, relu or drelu)"));
 }
 
 }  // namespace thermocline

@@ -11,7 +11,8 @@ namespace thermocline {
 // approximation of GELU, gelu(gate)*up (Gemma). The order is the CUDA kernels' numbering.
 enum class FfnActivation { kSilu, kRelu, kDRelu, kGeluTanh };
 const char* ActivationName(FfnActivation a);
-// Accepts "silu"/"swiglu", "relu"/"reglu", "drelu", "gelu"/"geglu".
+// Accepts "silu"/"swiglu", "relu"/"reglu", "drelu": the choices a llama file's
+// feed_forward_activation or a caller's override has. GELU is a family's own (Gemma).
 absl::StatusOr<FfnActivation> ParseActivation(const std::string& name);
 
 }  // namespace thermocline

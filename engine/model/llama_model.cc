@@ -288,6 +288,15 @@ absl::StatusOr<ModelSupport> LlamaModel::CheckSupported(const GgufFile& file,
   ModelSupport support;
   support.architecture = std::string(hp->arch->name);
   TC_RETURN_IF_ERROR(Tokenizer::CheckSupported(file, &support.warnings));
+  const GgufValue* tokens = file.Find("tokenizer.ggml.tokens");
+  if (tokens == nullptr || tokens->AsStringArray() == nullptr) {
+    return absl::InvalidArgumentError("tokenizer.ggml.tokens is missing or not a string array");
+  }
+  if (static_cast<int64_t>(tokens->array_size()) != hp->n_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", tokens->array_size(),
+                                                   " tokens but token_embd.weight has ",
+                                                   hp->n_vocab, " rows"));
+  }
   TC_RETURN_IF_ERROR(model.Bind(file, /*check_only=*/true));
   return support;
 }
