@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <numeric>
 
+#include "engine/model/model_support.h"
+
 namespace thermocline::gpu {
 
 absl::StatusOr<std::unique_ptr<GpuFfnBackend>> GpuFfnBackend::Create(const LlamaModel& model,
                                                                      ThreadPool& pool,
                                                                      uint64_t memory_cap) {
   const LlamaHparams& h = model.hparams();
+  if (absl::Status s = RequireGatedFfn(model, "the GPU FFN"); !s.ok()) return s;
   std::vector<OwnedWeight> down_t;  // read only while the executor uploads
   for (const LayerWeights& L : model.layers()) {
     absl::StatusOr<OwnedWeight> t = TransposeWeight(pool, L.ffn_down);

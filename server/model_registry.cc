@@ -179,6 +179,9 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m)
   }
   auto model = LlamaModel::Load(m->config.path, options);
   if (!model.ok()) return model.status();
+  for (const std::string& w : (*model)->warnings()) {
+    spdlog::warn("model '{}': {}", m->config.name, w);
+  }
   const int64_t file_bytes = ModelFileBytes(m->config.path);
   auto l = std::make_shared<LoadedModel>(
       m, resident_, file_bytes > 0 ? file_bytes : static_cast<int64_t>((*model)->weight_bytes()));

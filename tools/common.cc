@@ -30,7 +30,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelFromArgs(const Args& args) 
     if (!parsed.ok()) return parsed.status();
     options.activation = *parsed;
   }
-  return LlamaModel::Load(*path, options);
+  auto model = LlamaModel::Load(*path, options);
+  if (model.ok()) {
+    for (const std::string& w : (*model)->warnings()) {
+      std::fprintf(stderr, "warning: %s\n", w.c_str());
+    }
+  }
+  return model;
 }
 
 absl::StatusOr<int> ThreadsFromArgs(const Args& args) {

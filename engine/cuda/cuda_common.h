@@ -10,6 +10,7 @@
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/ops/ggml_types.h"
 #include "engine/ops/matmul.h"
+#include "engine/util/status_macros.h"
 
 namespace thermocline::cuda {
 
@@ -22,13 +23,6 @@ absl::Status CudaStatus(cudaError_t e, std::string_view what);
         !tc_status.ok()) {                                                        \
       return tc_status;                                                           \
     }                                                                             \
-  } while (0)
-
-#define TC_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    if (absl::Status tc_s = (expr); !tc_s.ok()) { \
-      return tc_s;                                \
-    }                                             \
   } while (0)
 
 // The kernel type of a weight, or InvalidArgumentError for a type without CUDA kernels or a

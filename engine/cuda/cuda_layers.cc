@@ -12,6 +12,7 @@
 #include "engine/cuda/device_arena.h"
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_layers.h"
+#include "engine/model/model_support.h"
 
 namespace thermocline::gpu {
 namespace {
@@ -309,6 +310,7 @@ absl::StatusOr<std::unique_ptr<GpuLayers>> CreateGpuLayers(const GpuLayersSpec& 
     return absl::InvalidArgumentError(absl::StrCat("GPU layers: need one flag per layer (",
                                                    h.n_layer, "), a positive context and batch"));
   }
+  TC_RETURN_IF_ERROR(RequireLlamaLayers(*spec.model, "the GPU layers"));
   if (spec.output && (h.n_layer == 0 || !spec.layers[h.n_layer - 1])) {
     return absl::InvalidArgumentError(
         "GPU layers: the output head needs the last layer on the GPU");

@@ -1,4 +1,4 @@
-// GGUF v3 reading (memory-mapped, every offset bounds-checked) and writing.
+// GGUF v2 and v3 reading (memory-mapped, every offset bounds-checked) and v3 writing.
 // Also reads PowerInfer's files (magic "PWRI", otherwise GGUF v3).
 #pragma once
 

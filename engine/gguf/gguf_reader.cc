@@ -1,4 +1,4 @@
-// GgufFile::Parse: walks a GGUF v3 image, checking every length, count, type, dimension and
+// GgufFile::Parse: walks a GGUF v2 or v3 image, checking every length, count, type, dimension and
 // offset against the bytes that are actually there before using it.
 #include <algorithm>
 #include <bit>
@@ -301,16 +301,18 @@ absl::Status GgufFile::Parse() {
                                    absl::CHexEscape(absl::string_view(magic, 4))));
   }
   if (auto s = c.Read(&version_, "version"); !s.ok()) return s;
-  if (version_ == 1 || version_ == 2) {
-    return c.Error(absl::StrFormat(
-        "GGUF version %d is not supported; convert the file with a current llama.cpp "
-        "(convert_llama_ggml_to_gguf / re-quantize)",
-        version_));
+  // Version 2 made every count and length 64-bit; version 3 only allowed big-endian files
+  // (marked by the byte order of this very field), so a little-endian v2 file is laid out as v3.
+  if (version_ == 1) {
+    return c.Error(
+        "GGUF version 1 is not supported (its counts and lengths are 32-bit); convert the file "
+        "with a current llama.cpp (gguf-py's gguf_convert_endian / re-quantize it)");
   }
-  if (version_ != 3) {
+  if (version_ != 2 && version_ != 3) {
     const bool swapped = __builtin_bswap32(version_) <= 3;
-    return c.Error(absl::StrFormat("unsupported GGUF version %d (this reader handles version 3)%s",
-                                   version_, swapped ? "; the file looks big-endian" : ""));
+    return c.Error(
+        absl::StrFormat("unsupported GGUF version %d (this reader handles versions 2 and 3)%s",
+                        version_, swapped ? "; the file looks big-endian" : ""));
   }
   uint64_t tensor_count = 0;
   uint64_t kv_count = 0;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/model/model_support.h"
 #include "engine/ops/ggml_types.h"
 
 namespace thermocline::gpu {
@@ -97,6 +98,7 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
                                               int64_t n_ctx, int64_t max_batch,
                                               uint64_t memory_cap) {
   const int64_t n_layer = model.hparams().n_layer;
+  if (absl::Status s = RequireLlamaLayers(model, "--gpu-layers"); !s.ok()) return s;
   for (int64_t l = 0; l < n_layer; ++l) {
     const LayerWeights& L = model.layers()[l];
     for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {

@@ -1,5 +1,6 @@
-// Small element-wise operators of the llama forward pass (norms, RoPE, softmax, gated
-// activations). Plain loops the compiler vectorizes; the heavy products live in ops/matmul.h.
+// Small element-wise operators of the forward pass (norms, RoPE of both pair layouts, softmax,
+// gated activations, soft-capping). Plain loops the compiler vectorizes; the heavy products
+// live in ops/matmul.h.
 #pragma once
 
 #include <cmath>
@@ -54,6 +55,41 @@ inline void ApplyRope(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_
   }
 }
 
+// RoPE in the GPT-NeoX layout (qwen2, gemma, phi3): for each head of x, (x[i], x[i + rope_dim/2])
+// rotated by cos_sin[i], for i < rope_dim / 2.
+inline void ApplyRopeNeox(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
+                          const float* cos_sin) {
+  const int64_t half = rope_dim / 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int64_t i = 0; i < half; ++i) {
+      const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+      const float x0 = v[i], x1 = v[i + half];
+      v[i] = x0 * c - x1 * s;
+      v[i + half] = x0 * s + x1 * c;
+    }
+  }
+}
+
+// GELU with the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline float GeluTanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+}
+
+// x := c · tanh(x / c), n elements (soft-capping, Gemma 2).
+inline void SoftCap(float* x, int64_t n, float c) {
+  const float inv = 1.0f / c;
+  for (int64_t i = 0; i < n; ++i) x[i] = c * std::tanh(x[i] * inv);
+}
+
+// Each of the n rows of x: (n, dim) plus bias: (dim).
+inline void AddBias(float* x, int64_t n, int64_t dim, const float* bias) {
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < dim; ++i) x[t * dim + i] += bias[i];
+  }
+}
+
 // gate := act(gate) * up (or relu(up) for dReLU), n elements.
 inline void GatedActivation(FfnActivation act, float* gate, const float* up, int64_t n) {
   switch (act) {
@@ -67,6 +103,9 @@ inline void GatedActivation(FfnActivation act, float* gate, const float* up, int
       for (int64_t i = 0; i < n; ++i) {
         gate[i] = (gate[i] > 0.0f && up[i] > 0.0f) ? gate[i] * up[i] : 0.0f;
       }
+      break;
+    case FfnActivation::kGeluTanh:
+      for (int64_t i = 0; i < n; ++i) gate[i] = GeluTanh(gate[i]) * up[i];
       break;
   }
 }

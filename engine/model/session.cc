@@ -20,7 +20,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model
     return absl::InvalidArgumentError(
         absl::StrCat("max_batch ", options.max_batch, " must be in [1, 4096]"));
   }
-  const uint64_t kv_bytes = 2ull * h.n_layer * n_ctx * h.kv_dim() * sizeof(float);
+  const uint64_t kv_bytes =
+      static_cast<uint64_t>(h.n_layer) * n_ctx * (h.kv_dim() + h.v_dim()) * sizeof(float);
   if (kv_bytes > (uint64_t{1} << 38)) {
     return absl::ResourceExhaustedError(absl::StrCat("a KV cache of ", n_ctx, " positions needs ",
                                                      kv_bytes >> 20,
@@ -34,25 +35,36 @@ Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64
     : model_(model), pool_(pool), n_ctx_(n_ctx), max_batch_(max_batch) {
   const LlamaHparams& h = model.hparams();
   k_cache_.resize(h.n_layer * n_ctx * h.kv_dim());
-  v_cache_.resize(h.n_layer * n_ctx * h.kv_dim());
-  inv_freq_.resize(h.rope_dim / 2);
-  for (int64_t i = 0; i < h.rope_dim / 2; ++i) {
-    inv_freq_[i] = static_cast<float>(std::pow(static_cast<double>(h.rope_freq_base),
-                                               -2.0 * i / static_cast<double>(h.rope_dim)));
-  }
+  v_cache_.resize(h.n_layer * n_ctx * h.v_dim());
+  rope_table_ = RopeTable::ForModel(h, model.rope_factors(n_ctx));
   rope_.resize(max_batch * h.rope_dim);
+  has_swa_rope_ = h.rope_freq_base_swa > 0;
+  if (has_swa_rope_) {
+    rope_table_swa_ = RopeTable::ForSlidingLayers(h);
+    rope_swa_.resize(max_batch * h.rope_dim);
+  }
   x_.resize(max_batch * h.n_embd);
   xb_.resize(max_batch * h.n_embd);
   q_.resize(max_batch * h.q_dim());
   k_.resize(max_batch * h.kv_dim());
-  v_.resize(max_batch * h.kv_dim());
-  att_out_.resize(max_batch * h.q_dim());
+  v_.resize(max_batch * h.v_dim());
+  att_out_.resize(max_batch * h.o_dim());
   ffn_out_.resize(max_batch * h.n_embd);
   scores_.resize(static_cast<size_t>(pool->size()) * n_ctx);
-  gate_.resize(max_batch * h.n_ff);
-  up_.resize(max_batch * h.n_ff);
+  const int64_t n_ff = std::max({h.n_ff, h.n_ff_exp, h.n_ff_shexp});
+  gate_.resize(max_batch * n_ff);
+  up_.resize(max_batch * n_ff);
+  if (h.is_moe()) {
+    router_.resize(max_batch * h.n_expert);
+    sel_.resize(max_batch * h.n_expert_used);
+    sel_w_.resize(max_batch * h.n_expert_used);
+    tok_.resize(max_batch);
+    tok_w_.resize(max_batch);
+    xg_.resize(max_batch * h.n_embd);
+    eo_.resize(max_batch * h.n_embd);
+  }
   logits_.resize(h.n_vocab);
-  scratch_.Reserve(max_batch, std::max({h.n_embd, h.n_ff, h.q_dim()}));
+  scratch_.Reserve(max_batch, std::max({h.n_embd, n_ff, h.q_dim(), h.o_dim()}));
 }
 
 absl::Status Session::Eval(absl::Span<const int32_t> tokens, float* all_logits) {
@@ -83,14 +95,9 @@ absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logit
   const int64_t d = h.n_embd;
   for (int64_t t = 0; t < n; ++t) {
     model_.Embed(tokens[t], x_.data() + t * d);
-    // RoPE angles for this position, shared by every head and layer.
-    const double pos = static_cast<double>(n_past_ + t) * h.rope_freq_scale;
-    float* cs = rope_.data() + t * h.rope_dim;
-    for (int64_t i = 0; i < h.rope_dim / 2; ++i) {
-      const double theta = pos * inv_freq_[i];
-      cs[2 * i] = static_cast<float>(std::cos(theta));
-      cs[2 * i + 1] = static_cast<float>(std::sin(theta));
-    }
+    // RoPE angles for this position, shared by every head and layer (of a kind).
+    rope_table_.Fill(n_past_ + t, rope_.data() + t * h.rope_dim);
+    if (has_swa_rope_) rope_table_swa_.Fill(n_past_ + t, rope_swa_.data() + t * h.rope_dim);
   }
 
   // Runs of consecutive layers the layer backend owns go to it in one call each; the rest (and
@@ -127,15 +134,18 @@ absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logit
   }
   if (all_logits != nullptr) {
     MatMul(*pool_, model_.output(), xb_.data(), n, all_logits, scratch_);
+    if (h.final_softcap > 0) SoftCap(all_logits, n * h.n_vocab, h.final_softcap);
     std::copy(all_logits + (n - 1) * h.n_vocab, all_logits + n * h.n_vocab, logits_.begin());
   } else {
     MatMul(*pool_, model_.output(), xb_.data() + (n - 1) * d, 1, logits_.data(), scratch_);
+    if (h.final_softcap > 0) SoftCap(logits_.data(), h.n_vocab, h.final_softcap);
   }
   n_past_ += n;
   return absl::OkStatus();
 }
 
-// One layer on the CPU: attention and FFN with their residual adds, on x_: (n, n_embd).
+// One layer on the CPU: attention and FFN with their residual adds, on x_: (n, n_embd). What a
+// family adds to llama's layer (biases, post-norms) is decided once per layer.
 void Session::CpuLayer(int l, int64_t n) {
   const LlamaHparams& h = model_.hparams();
   const int64_t d = h.n_embd;
@@ -146,8 +156,17 @@ void Session::CpuLayer(int l, int64_t n) {
   const WeightView* qkv[] = {&L.wq, &L.wk, &L.wv};
   float* const qkv_out[] = {q_.data(), k_.data(), v_.data()};
   MatMulSameInput(*pool_, qkv, xb_.data(), n, qkv_out, scratch_);
+  if (!L.bq.empty()) AddBias(q_.data(), n, h.q_dim(), L.bq.data());
+  if (!L.bk.empty()) AddBias(k_.data(), n, h.kv_dim(), L.bk.data());
+  if (!L.bv.empty()) AddBias(v_.data(), n, h.v_dim(), L.bv.data());
   Attention(l, n);
   MatMul(*pool_, L.wo, att_out_.data(), n, xb_.data(), scratch_);
+  if (!L.bo.empty()) AddBias(xb_.data(), n, d, L.bo.data());
+  if (!L.post_attn_norm.empty()) {
+    for (int64_t t = 0; t < n; ++t) {
+      RmsNorm(xb_.data() + t * d, L.post_attn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
+    }
+  }
   for (int64_t i = 0; i < n * d; ++i) x_[i] += xb_[i];
 
   for (int64_t t = 0; t < n; ++t) {
@@ -158,17 +177,95 @@ void Session::CpuLayer(int l, int64_t n) {
   } else {
     DenseFfn(l, x_.data(), xb_.data(), n, ffn_out_.data());
   }
+  if (!L.post_ffn_norm.empty()) {
+    for (int64_t t = 0; t < n; ++t) {
+      RmsNorm(ffn_out_.data() + t * d, L.post_ffn_norm.data(), d, h.rms_eps,
+              ffn_out_.data() + t * d);
+    }
+  }
   for (int64_t i = 0; i < n * d; ++i) x_[i] += ffn_out_[i];
 }
 
 void Session::DenseFfn(int layer, const float* x, const float* xn, int64_t n, float* out) {
   const LlamaHparams& h = model_.hparams();
   const LayerWeights& L = model_.layers()[layer];
+  if (L.is_moe()) {
+    MoeFfn(layer, xn, n, out);
+    return;
+  }
   MatMul(*pool_, L.ffn_gate, xn, n, gate_.data(), scratch_);
   MatMul(*pool_, L.ffn_up, xn, n, up_.data(), scratch_);
   GatedActivation(h.activation, gate_.data(), up_.data(), n * h.n_ff);
   if (observer_ != nullptr) observer_->OnFfn(layer, x, h.n_embd, gate_.data(), h.n_ff, n);
   MatMul(*pool_, L.ffn_down, gate_.data(), n, out, scratch_);
+}
+
+void Session::MoeFfn(int layer, const float* xn, int64_t n, float* out) {
+  const LlamaHparams& h = model_.hparams();
+  const LayerWeights& L = model_.layers()[layer];
+  const int64_t d = h.n_embd, n_expert = h.n_expert, k = h.n_expert_used;
+  // Router: softmax over the logits, the k most probable experts (the lower id on a tie),
+  // their probabilities renormalised to sum 1 where the family does.
+  MatMul(*pool_, L.ffn_gate_inp, xn, n, router_.data(), scratch_);
+  for (int64_t t = 0; t < n; ++t) {
+    float* p = router_.data() + t * n_expert;
+    Softmax(p, n_expert);
+    int32_t* sel = sel_.data() + t * k;
+    float* w = sel_w_.data() + t * k;
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = 0;
+      for (int64_t e = 1; e < n_expert; ++e) best = p[e] > p[best] ? e : best;
+      sel[j] = static_cast<int32_t>(best);
+      w[j] = p[best];
+      sum += p[best];
+      p[best] = -1.0f;  // below every probability: not chosen again
+    }
+    if (h.arch->expert_weights_norm) {
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < k; ++j) w[j] *= inv;
+    }
+  }
+  std::fill_n(out, n * d, 0.0f);
+  // Expert by expert over the tokens that chose it, so that a prefill batch reads each
+  // selected expert's weights once.
+  const int64_t n_ff = h.n_ff_exp;
+  for (int64_t e = 0; e < n_expert; ++e) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < n * k; ++i) {
+      if (sel_[i] != e) continue;
+      tok_[m] = static_cast<int32_t>(i / k);
+      tok_w_[m++] = sel_w_[i];
+    }
+    if (m == 0) continue;
+    const float* in = xn;
+    if (n > 1) {
+      for (int64_t i = 0; i < m; ++i) std::copy_n(xn + tok_[i] * d, d, xg_.data() + i * d);
+      in = xg_.data();
+    }
+    MatMul(*pool_, L.expert_gate[e], in, m, gate_.data(), scratch_);
+    MatMul(*pool_, L.expert_up[e], in, m, up_.data(), scratch_);
+    GatedActivation(h.activation, gate_.data(), up_.data(), m * n_ff);
+    MatMul(*pool_, L.expert_down[e], gate_.data(), m, eo_.data(), scratch_);
+    for (int64_t i = 0; i < m; ++i) {
+      float* o = out + tok_[i] * d;
+      const float* y = eo_.data() + i * d;
+      const float wgt = tok_w_[i];
+      for (int64_t c = 0; c < d; ++c) o[c] += wgt * y[c];
+    }
+  }
+  if (L.shexp_gate.data == nullptr) return;
+  // The shared expert, on every token, scaled by its sigmoid gate.
+  MatMul(*pool_, L.shexp_gate, xn, n, gate_.data(), scratch_);
+  MatMul(*pool_, L.shexp_up, xn, n, up_.data(), scratch_);
+  GatedActivation(h.activation, gate_.data(), up_.data(), n * h.n_ff_shexp);
+  MatMul(*pool_, L.shexp_down, gate_.data(), n, eo_.data(), scratch_);
+  for (int64_t t = 0; t < n; ++t) {
+    double g = 0;
+    for (int64_t c = 0; c < d; ++c) g += static_cast<double>(L.shexp_gate_inp[c]) * xn[t * d + c];
+    const float wgt = static_cast<float>(1.0 / (1.0 + std::exp(-g)));
+    for (int64_t c = 0; c < d; ++c) out[t * d + c] += wgt * eo_[t * d + c];
+  }
 }
 
 // Multiply-adds of attention (positions × head_dim per head) below which a part of the heads
@@ -179,29 +276,49 @@ constexpr int64_t kAttentionWorkPerPart = int64_t{1} << 13;
 
 void Session::Attention(int layer, int64_t n) {
   const LlamaHparams& h = model_.hparams();
-  const int64_t kv_dim = h.kv_dim(), head_dim = h.head_dim;
+  const LayerWeights& L = model_.layers()[layer];
+  const int64_t kv_dim = h.kv_dim(), v_dim = h.v_dim(), head_dim = h.head_dim;
+  const int64_t head_dim_v = h.head_dim_v, q_dim = h.q_dim(), o_dim = h.o_dim();
   float* k_cache = k_cache_.data() + layer * n_ctx_ * kv_dim;
-  float* v_cache = v_cache_.data() + layer * n_ctx_ * kv_dim;
+  float* v_cache = v_cache_.data() + layer * n_ctx_ * v_dim;
+  const bool slides = h.LayerSlides(layer);
+  const float* table = slides && has_swa_rope_ ? rope_swa_.data() : rope_.data();
+  auto rope = h.rope_kind == RopeKind::kNeox ? ApplyRopeNeox : ApplyRope;
   for (int64_t t = 0; t < n; ++t) {
-    const float* cs = rope_.data() + t * h.rope_dim;
-    ApplyRope(q_.data() + t * h.q_dim(), h.n_head, head_dim, h.rope_dim, cs);
-    ApplyRope(k_.data() + t * kv_dim, h.n_head_kv, head_dim, h.rope_dim, cs);
-    std::copy_n(k_.data() + t * kv_dim, kv_dim, k_cache + (n_past_ + t) * kv_dim);
-    std::copy_n(v_.data() + t * kv_dim, kv_dim, v_cache + (n_past_ + t) * kv_dim);
+    float* q = q_.data() + t * q_dim;
+    float* k = k_.data() + t * kv_dim;
+    if (!L.q_norm.empty()) {
+      for (int64_t i = 0; i < h.n_head; ++i) {
+        RmsNorm(q + i * head_dim, L.q_norm.data(), head_dim, h.rms_eps, q + i * head_dim);
+      }
+      for (int64_t i = 0; i < h.n_head_kv; ++i) {
+        RmsNorm(k + i * head_dim, L.k_norm.data(), head_dim, h.rms_eps, k + i * head_dim);
+      }
+    }
+    const float* cs = table + t * h.rope_dim;
+    rope(q, h.n_head, head_dim, h.rope_dim, cs);
+    rope(k, h.n_head_kv, head_dim, h.rope_dim, cs);
+    std::copy_n(k, kv_dim, k_cache + (n_past_ + t) * kv_dim);
+    std::copy_n(v_.data() + t * v_dim, v_dim, v_cache + (n_past_ + t) * v_dim);
   }
   const int64_t group = h.n_head / h.n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const float scale = h.attn_scale, softcap = h.attn_softcap;
+  // A sliding layer's query at position p sees positions p - n_swa + 1 .. p.
+  const int64_t window = slides ? h.n_swa : n_ctx_;
   // Heads per part: enough work to pay for a hand-off (a short context stays on this thread).
-  const int64_t grain = std::max<int64_t>(1, kAttentionWorkPerPart / ((n_past_ + n) * head_dim));
+  const int64_t span = std::min(n_past_ + n, window);
+  const int64_t grain = std::max<int64_t>(1, kAttentionWorkPerPart / (span * head_dim));
   pool_->ParallelFor(n * h.n_head, grain, [&](int thread, int64_t begin, int64_t end) {
     float* scores = scores_.data() + thread * n_ctx_;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / h.n_head, head = item % h.n_head;
-      const int64_t kv_off = (head / group) * head_dim;
-      const int64_t n_kv = n_past_ + t + 1;  // causal: positions 0 .. n_past + t
-      AttendHead(n_kv, head_dim, q_.data() + t * h.q_dim() + head * head_dim, k_cache + kv_off,
-                 kv_dim, v_cache + kv_off, kv_dim, scale, scores,
-                 att_out_.data() + t * h.q_dim() + head * head_dim);
+      const int64_t kv_head = head / group;
+      const int64_t pos = n_past_ + t;  // causal: positions first .. pos
+      const int64_t first = std::max<int64_t>(0, pos + 1 - window);
+      AttendHead(pos + 1 - first, head_dim, head_dim_v, q_.data() + t * q_dim + head * head_dim,
+                 k_cache + first * kv_dim + kv_head * head_dim, kv_dim,
+                 v_cache + first * v_dim + kv_head * head_dim_v, v_dim, scale, softcap, scores,
+                 att_out_.data() + t * o_dim + head * head_dim_v);
     }
   });
 }

@@ -13,6 +13,7 @@
 #include "engine/model/ffn_backend.h"
 #include "engine/model/layer_backend.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/rope.h"
 #include "engine/ops/matmul.h"
 #include "engine/util/huge_pages.h"
 #include "engine/util/thread_pool.h"
@@ -21,7 +22,7 @@ namespace thermocline {
 
 // Sees the FFN of every layer during a forward pass (the profiler's hook). Called on the
 // evaluating thread; `x` is the FFN input before ffn_norm, `act` the gated activation
-// (n_tokens rows each).
+// (n_tokens rows each). Not called for mixture-of-experts layers.
 class FfnObserver {
  public:
   virtual ~FfnObserver() = default;
@@ -63,7 +64,9 @@ class Session {
   LayerBackend* layer_backend() const { return layer_backend_; }
   int64_t max_batch() const { return max_batch_; }
   // The dense FFN of `layer` (the reference every backend is compared to):
-  // out: (n_tokens, n_embd) from xn: (n_tokens, n_embd) after ffn_norm, x before it.
+  // out: (n_tokens, n_embd) from xn: (n_tokens, n_embd) after ffn_norm, x before it. In a
+  // mixture-of-experts layer: the routed experts (and the shared one), each token computing
+  // only the experts its router selects.
   void DenseFfn(int layer, const float* x, const float* xn, int64_t n_tokens, float* out);
 
  private:
@@ -71,6 +74,8 @@ class Session {
   absl::Status Forward(const int32_t* tokens, int64_t n, float* all_logits);
   void CpuLayer(int layer, int64_t n);
   void Attention(int layer, int64_t n);
+  // out: (n, n_embd) = the experts of `layer` on xn, weighted by the router.
+  void MoeFfn(int layer, const float* xn, int64_t n, float* out);
 
   const LlamaModel& model_;
   ThreadPool* pool_;
@@ -89,18 +94,29 @@ class Session {
   // generate decoded 5% faster without them). The cost: RSS grows 2 MB per layer at a time.
   std::vector<float, HugePageAllocator<float>> k_cache_;
   std::vector<float, HugePageAllocator<float>> v_cache_;
-  std::vector<float> inv_freq_;  // (rope_dim / 2)
-  std::vector<float> rope_;      // (max_batch, rope_dim): cos, sin pairs per token
+  RopeTable rope_table_;
+  RopeTable rope_table_swa_;      // sliding layers' own RoPE (Gemma 3), when has_swa_rope_
+  bool has_swa_rope_ = false;
+  std::vector<float> rope_;       // (max_batch, rope_dim): cos, sin pairs per token
+  std::vector<float> rope_swa_;   // (max_batch, rope_dim) of rope_table_swa_, or empty
   std::vector<float> x_;         // (max_batch, n_embd) residual stream
   std::vector<float> xb_;        // (max_batch, n_embd)
   std::vector<float> q_;         // (max_batch, q_dim)
   std::vector<float> k_;         // (max_batch, kv_dim)
-  std::vector<float> v_;         // (max_batch, kv_dim)
-  std::vector<float> att_out_;   // (max_batch, q_dim)
+  std::vector<float> v_;         // (max_batch, v_dim)
+  std::vector<float> att_out_;   // (max_batch, o_dim)
   std::vector<float> ffn_out_;   // (max_batch, n_embd)
   std::vector<float> scores_;    // (threads, n_ctx)
-  std::vector<float> gate_;      // (max_batch, n_ff)
-  std::vector<float> up_;        // (max_batch, n_ff)
+  std::vector<float> gate_;      // (max_batch, widest FFN: n_ff, n_ff_exp, n_ff_shexp)
+  std::vector<float> up_;        // (max_batch, widest FFN)
+  // Mixture of experts (empty otherwise).
+  std::vector<float> router_;    // (max_batch, n_expert): router probabilities
+  std::vector<int32_t> sel_;     // (max_batch, n_expert_used): each token's experts
+  std::vector<float> sel_w_;     // (max_batch, n_expert_used): their weights
+  std::vector<int32_t> tok_;     // (max_batch): the tokens routed to one expert
+  std::vector<float> tok_w_;     // (max_batch): their weights for it
+  std::vector<float> xg_;        // (max_batch, n_embd): those tokens' inputs, gathered
+  std::vector<float> eo_;        // (max_batch, n_embd): an expert's outputs
   std::vector<float> logits_;    // (n_vocab)
   MatMulScratch scratch_;
 };

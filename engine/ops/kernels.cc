@@ -109,18 +109,31 @@ const TypeKernels* KernelsFor(GgmlType type, Isa isa) {
   }
 }
 
+void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
+                const float* k, int64_t k_stride, const float* v, int64_t v_stride, float scale,
+                float softcap, float* scores, float* out) {
+  const IsaKernels* table = TableFor(isa);
+  if (table == nullptr) table = &ops_internal::ScalarKernels();
+  table->attend(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap, scores, out);
+}
+
+void AttendHead(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
+                int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
+                float* scores, float* out) {
+  static const ops_internal::AttendFn attend = TableFor(BestIsa())->attend;
+  attend(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap, scores, out);
+}
+
 void AttendHead(Isa isa, int64_t n_kv, int64_t head_dim, const float* q, const float* k,
                 int64_t k_stride, const float* v, int64_t v_stride, float scale, float* scores,
                 float* out) {
-  const IsaKernels* table = TableFor(isa);
-  if (table == nullptr) table = &ops_internal::ScalarKernels();
-  table->attend(n_kv, head_dim, q, k, k_stride, v, v_stride, scale, scores, out);
+  AttendHead(isa, n_kv, head_dim, head_dim, q, k, k_stride, v, v_stride, scale, 0.0f, scores,
+             out);
 }
 
 void AttendHead(int64_t n_kv, int64_t head_dim, const float* q, const float* k, int64_t k_stride,
                 const float* v, int64_t v_stride, float scale, float* scores, float* out) {
-  static const ops_internal::AttendFn attend = TableFor(BestIsa())->attend;
-  attend(n_kv, head_dim, q, k, k_stride, v, v_stride, scale, scores, out);
+  AttendHead(n_kv, head_dim, head_dim, q, k, k_stride, v, v_stride, scale, 0.0f, scores, out);
 }
 
 namespace ops_internal {

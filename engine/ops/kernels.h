@@ -49,6 +49,14 @@ void AttendHead(int64_t n_kv, int64_t head_dim, const float* q, const float* k, 
 void AttendHead(Isa isa, int64_t n_kv, int64_t head_dim, const float* q, const float* k,
                 int64_t k_stride, const float* v, int64_t v_stride, float scale, float* scores,
                 float* out);
+// The general form: q and the k rows of k_dim floats, the v rows and out of v_dim, and when
+// softcap > 0 each score capped to softcap · tanh(score / softcap) before the softmax (Gemma 2).
+void AttendHead(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
+                int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
+                float* scores, float* out);
+void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
+                const float* k, int64_t k_stride, const float* v, int64_t v_stride, float scale,
+                float softcap, float* scores, float* out);
 
 // Half and bfloat16 conversion, scalar.
 float HalfToFloat(uint16_t h);

@@ -73,10 +73,10 @@ struct GemmKernels {
 };
 
 // Every kernel of one ISA. Panel and gemm kernels are null where the ISA has none (scalar).
-// kernels.h's AttendHead.
-using AttendFn = void (*)(int64_t n_kv, int64_t head_dim, const float* q, const float* k,
-                          int64_t k_stride, const float* v, int64_t v_stride, float scale,
-                          float* scores, float* out);
+// kernels.h's AttendHead (its general form).
+using AttendFn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
+                          const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+                          float scale, float softcap, float* scores, float* out);
 
 struct IsaKernels {
   TypeKernels f32, f16, bf16, q8_0, q4_0;

@@ -212,15 +212,17 @@ TypeKernels QuantKernels(void (*to_float)(const void*, float*, int64_t),
 
 }  // namespace
 
-// The reference: a double dot per position, softmax as cpu_ops.h's Softmax, then the values
-// summed position by position.
-void AttendScalar(int64_t n_kv, int64_t head_dim, const float* q, const float* k, int64_t k_stride,
-                  const float* v, int64_t v_stride, float scale, float* scores, float* out) {
+// The reference: a double dot per position, the cap, softmax as cpu_ops.h's Softmax, then the
+// values summed position by position.
+void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
+                  int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
+                  float* scores, float* out) {
   float max = -INFINITY;
   for (int64_t j = 0; j < n_kv; ++j) {
     double s = 0.0;
-    for (int64_t i = 0; i < head_dim; ++i) s += double{q[i]} * k[j * k_stride + i];
+    for (int64_t i = 0; i < k_dim; ++i) s += double{q[i]} * k[j * k_stride + i];
     scores[j] = static_cast<float>(s) * scale;
+    if (softcap > 0) scores[j] = softcap * std::tanh(scores[j] / softcap);
     max = std::max(max, scores[j]);
   }
   double sum = 0.0;
@@ -229,10 +231,10 @@ void AttendScalar(int64_t n_kv, int64_t head_dim, const float* q, const float* k
     sum += scores[j];
   }
   const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < head_dim; ++i) out[i] = 0.0f;
+  for (int64_t i = 0; i < v_dim; ++i) out[i] = 0.0f;
   for (int64_t j = 0; j < n_kv; ++j) {
     const float p = scores[j] * inv;
-    for (int64_t i = 0; i < head_dim; ++i) out[i] += p * v[j * v_stride + i];
+    for (int64_t i = 0; i < v_dim; ++i) out[i] += p * v[j * v_stride + i];
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/cpu_ops.h"
+#include "engine/model/model_support.h"
 
 namespace thermocline {
 
@@ -54,6 +55,7 @@ struct SparseFfn::Executor {
 absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
     const LlamaModel& model, std::vector<SparseLayerPlan> plan, ThreadPool& pool) {
   const LlamaHparams& h = model.hparams();
+  if (absl::Status s = RequireGatedFfn(model, "the sparse FFN"); !s.ok()) return s;
   if (static_cast<int64_t>(plan.size()) != h.n_layer) {
     return absl::InvalidArgumentError(
         absl::StrCat("sparse plan has ", plan.size(), " layers, the model ", h.n_layer));

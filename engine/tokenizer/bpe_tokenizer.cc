@@ -95,9 +95,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> NewBpeTokenizer(TokenizerVocab vocab)
 }
 
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(TokenizerVocab vocab) {
+  const std::optional<PreTokenizerKind> pre = PreTokenizerFromName(vocab.pre);
+  if (!pre) return UnsupportedPreTokenizer(vocab.pre);
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
   if (absl::Status s = t->InitCommon(vocab); !s.ok()) return s;
-  t->pre_ = PreTokenizerFromName(vocab.pre);
+  t->pre_ = *pre;
   t->ignore_merges_ = t->pre_ == PreTokenizerKind::kLlama3;
 
   const int32_t n = t->vocab_size();

@@ -157,6 +157,39 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromVocab(TokenizerVocab v
                    "\" is not supported; supported: \"llama\" (SentencePiece), \"gpt2\" (BPE)"));
 }
 
+absl::Status UnsupportedPreTokenizer(std::string_view name) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      kPreKey, " = \"", AbslView(name), "\" names a pre-tokenizer that Thermocline does not ",
+      "implement; supported: GPT-2's (\"gpt-2\", \"phi-2\", \"olmo\", ...), Llama 3's ",
+      "(\"llama-bpe\", \"smaug-bpe\", ...) and Qwen2's (\"qwen2\", \"deepseek-r1-qwen\", ...)"));
+}
+
+absl::Status Tokenizer::CheckSupported(const GgufFile& file, std::vector<std::string>* warnings) {
+  absl::StatusOr<std::optional<std::string>> model = ReadString(file, kModelKey);
+  if (!model.ok()) return model.status();
+  if (!model->has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kModelKey, " is missing: the file has no tokenizer"));
+  }
+  if (**model == "llama") return absl::OkStatus();
+  if (**model != "gpt2") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kModelKey, " = \"", **model,
+                     "\" is not supported; supported: \"llama\" (SentencePiece), \"gpt2\" (BPE)"));
+  }
+  absl::StatusOr<std::optional<std::string>> pre = ReadString(file, kPreKey);
+  if (!pre.ok()) return pre.status();
+  const std::string name = pre->value_or("");
+  if (!PreTokenizerFromName(name)) return UnsupportedPreTokenizer(name);
+  if (name.empty() && warnings != nullptr) {
+    warnings->push_back(absl::StrCat(
+        kPreKey, " is missing: the BPE vocabulary is split with GPT-2's pre-tokenizer; a model "
+        "converted for another one tokenizes some text differently (reconvert it with a current "
+        "llama.cpp to be sure)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Tokenizer::InitCommon(TokenizerVocab& vocab) {
   const size_t n = vocab.tokens.size();
   if (n == 0) return absl::InvalidArgumentError(absl::StrCat(kTokensKey, " is empty"));

@@ -22,7 +22,7 @@ namespace thermocline {
 // only for Llama-3's pre-tokenizer, no space prefix.
 struct TokenizerVocab {
   std::string model;                 // tokenizer.ggml.model: "llama" or "gpt2"
-  std::string pre;                   // tokenizer.ggml.pre (gpt2 only; "" -> GPT-2's regex)
+  std::string pre;                   // tokenizer.ggml.pre (gpt2 only; "": GPT-2's regex)
   std::vector<std::string> tokens;   // tokenizer.ggml.tokens
   std::vector<float> scores;         // tokenizer.ggml.scores; empty -> all 0
   std::vector<int32_t> token_types;  // tokenizer.ggml.token_type; empty -> all normal
@@ -43,6 +43,11 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& file);
   // The same from a vocabulary already in memory; errors name the GGUF key at fault.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromVocab(TokenizerVocab vocab);
+  // Whether FromGguf would accept the file's tokenizer kind (tokenizer.ggml.model, and for BPE
+  // tokenizer.ggml.pre), from those two keys alone: an unknown model or pre-tokenizer name is
+  // an error naming it. A BPE vocabulary without a pre-tokenizer name is accepted (GPT-2's
+  // regex, as such old conversions mean) with a warning appended to `warnings`.
+  static absl::Status CheckSupported(const GgufFile& file, std::vector<std::string>* warnings);
 
   // Text to ids as llama.cpp's llama_tokenize does (parse_special = false: control tokens are
   // never produced from text; user-defined ones are): BOS prepended when add_bos is true (and
@@ -108,6 +113,9 @@ class Tokenizer {
   bool add_bos_ = true;
   bool add_space_prefix_ = true;
 };
+
+// The error for a tokenizer.ggml.pre whose pre-tokenizer is not implemented.
+absl::Status UnsupportedPreTokenizer(std::string_view name);
 
 // Turns a stream of tokens into text that is always valid UTF-8: bytes of a multi-byte
 // character split across tokens are held back until the character is complete; bytes that can

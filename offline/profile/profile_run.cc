@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/model_support.h"
 #include "engine/model/session.h"
 #include "engine/runtime/engine.h"
 #include "engine/runtime/generate.h"
@@ -64,6 +65,7 @@ absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& po
                                          const ProfileRunOptions& options,
                                          ProgressReporter* progress) {
   if (options.tokens <= 0) return absl::InvalidArgumentError("--tokens must be positive");
+  if (absl::Status s = RequireGatedFfn(model, "the activation profiler"); !s.ok()) return s;
   int64_t chunk = std::min<int64_t>(options.chunk, model.hparams().n_ctx_train);
   if (chunk < 2) return absl::InvalidArgumentError("profiling chunk must be at least 2 tokens");
   // Dense, all on the CPU: the profile is the reference the predictors learn.

@@ -175,6 +175,21 @@ TEST_CASE("BPE round-trips arbitrary bytes and handles special tokens", "[tokeni
   CHECK(t->Decode({'a', tool, 'b'}) == "a<tool>b");
 }
 
+TEST_CASE("BPE refuses a pre-tokenizer name it does not implement", "[tokenizer]") {
+  // Never silently GPT-2's regex for a vocabulary trained with another split.
+  for (const std::string pre : {"deepseek-llm", "tekken", "chatglm-bpe", "no-such-pre"}) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromVocab(MakeVocab(pre, {}).vocab);
+    REQUIRE_FALSE(t.ok());
+    CHECK_THAT(std::string(t.status().message()),
+               Catch::Contains("tokenizer.ggml.pre = \"" + pre + "\""));
+  }
+  CHECK(PreTokenizerFromName("gpt-2") == PreTokenizerKind::kGpt2);
+  CHECK(PreTokenizerFromName("") == PreTokenizerKind::kGpt2);
+  CHECK(PreTokenizerFromName("llama-bpe") == PreTokenizerKind::kLlama3);
+  CHECK(PreTokenizerFromName("qwen2") == PreTokenizerKind::kQwen2);
+  CHECK_FALSE(PreTokenizerFromName("deepseek-v3").has_value());
+}
+
 TEST_CASE("Tokenizer::FromGguf reads a gpt2 vocabulary", "[tokenizer]") {
   const SyntheticVocab s = MakeVocab("llama-bpe", kMerges);
   GgufWriter w;
