@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/model_support.h"
 #include "engine/util/byte_size.h"
 #include "server/engine_report.h"
 #include "server/errors.h"
@@ -259,7 +260,20 @@ absl::StatusOr<ModelInfo> ModelManager::Register(const RegisterSpec& spec) {
   ModelRecord r;
   r.name = spec.name;
   r.path = fs::absolute(spec.path, ec).lexically_normal().string();
-  if (auto id = IdentifyFile(r.path); id.ok()) r.identity = *id;  // else the job fails on it
+  if (auto id = IdentifyFile(r.path); id.ok()) {
+    r.identity = *id;
+    // A GGUF file we can parse: an architecture, tokenizer or tensor the engine cannot run is
+    // refused now, before a job starts on it. A missing or unreadable file fails in its job (the
+    // job's error says why; a file can appear or be fixed later).
+    if (absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(r.path); file.ok()) {
+      ModelOptions mo;
+      if (!spec.activation.empty()) mo.activation = *ParseActivation(spec.activation);
+      if (absl::StatusOr<ModelSupport> support = CheckModelSupported(**file, mo); !support.ok()) {
+        return InvalidRequest("path", "unsupported_model",
+                              absl::StrCat(spec.path, ": ", support.status().message()));
+      }
+    }
+  }
   r.activation = spec.activation;
   r.corpus = corpus;
   r.profile_tokens = spec.profile_tokens > 0 ? spec.profile_tokens : config_.profile_tokens;

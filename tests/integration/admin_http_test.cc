@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "daemon_fixture.h"
+#include "engine/gguf/gguf.h"
 #include "registry_test_util.h"
 
 namespace thermocline::testing {
@@ -14,6 +15,38 @@ void CheckError(const HttpResponse& r, int status, const std::string& code) {
   const nlohmann::json j = Json(r.body);
   CHECK(j["error"]["code"] == code);
   CHECK(!j["error"]["message"].get<std::string>().empty());
+}
+
+// stories260K with `general.architecture` (and its keys' prefix) renamed to `arch`.
+std::string WithArchitecture(const std::string& arch) {
+  auto in = GgufFile::Open(StoriesModel());
+  REQUIRE(in.ok());
+  GgufWriter w;
+  for (const GgufKeyValue& kv : (*in)->metadata()) {
+    std::string key = kv.key;
+    if (key.rfind("llama.", 0) == 0) key = arch + key.substr(5);
+    w.Set(key, kv.value);
+  }
+  w.SetString("general.architecture", arch);
+  for (const GgufTensorInfo& t : (*in)->tensors()) {
+    REQUIRE(w.AddTensor(t.name, t.type, t.dims, t.data, t.size_bytes).ok());
+  }
+  const std::string path = (TempDir() / (arch + ".gguf")).string();
+  REQUIRE(w.Write(path).ok());
+  return path;
+}
+
+TEST_CASE("admin API: an architecture the engine cannot run is refused at registration",
+          "[admin][arch]") {
+  REQUIRE_STORIES_MODEL();
+  DaemonProcess d;
+  const HttpResponse r = Http(d.port(), "POST", "/admin/models",
+                              Post({{"path", WithArchitecture("mamba")}, {"name", "m"}}));
+  CheckError(r, 400, "unsupported_model");
+  CHECK_THAT(Json(r.body)["error"]["message"].get<std::string>(), Catch::Contains("mamba"));
+  // Nothing was recorded and no job started.
+  CHECK(Json(Http(d.port(), "GET", "/admin/models").body)["models"].empty());
+  CHECK(Http(d.port(), "GET", "/admin/models/m").status == 404);
 }
 
 TEST_CASE("admin API: bad bodies are 400 naming the field", "[admin]") {
