@@ -35,8 +35,10 @@ class Reservation {
 
 class CpuLayers : public gpu::GpuLayers {
  public:
-  CpuLayers(const gpu::GpuLayersSpec& spec, std::atomic<int64_t>* calls)
-      : spec_(spec),
+  CpuLayers(const gpu::GpuLayersSpec& spec, std::atomic<int64_t>* calls,
+            std::atomic<int64_t>* resident_calls)
+      : resident_calls_(resident_calls),
+        spec_(spec),
         m_(*spec.model),
         h_(spec.model->hparams()),
         pool_(1),
@@ -105,8 +107,27 @@ class CpuLayers : public gpu::GpuLayers {
       for (int64_t t = 0; t < n; ++t) {
         RmsNorm(x + t * d, L.ffn_norm.data(), d, h_.rms_eps, &xn[t * d]);
       }
+      if (spec_.host_ffn != nullptr && spec_.device_ffn != nullptr && n == 1) {
+        // Resident: the device predicts and computes its part into the residual, the host its
+        // listed part; only the host's partial sum comes back.
+        if (absl::Status st = spec_.device_ffn->EnqueueResident(static_cast<int>(l), xn.data(), x);
+            !st.ok()) {
+          return st;
+        }
+        absl::StatusOr<gpu::HostPart> host = spec_.device_ffn->WaitHostPart();
+        if (!host.ok()) return host.status();
+        if (absl::Status st = spec_.host_ffn->ForwardListed(
+                static_cast<int>(l), host->xn, host->active, host->n_active, host->partial);
+            !st.ok()) {
+          return st;
+        }
+        if (absl::Status st = spec_.device_ffn->EnqueueAddHostPart(x); !st.ok()) return st;
+        resident_calls_->fetch_add(1);
+        continue;
+      }
       if (spec_.host_ffn != nullptr) {
-        // The hybrid layer: x and xn "down" to the host FFN, its output back.
+        // The hybrid layer on a batch (prefill): x and xn "down" to the host FFN, its output
+        // back.
         spec_.host_ffn->Forward(static_cast<int>(l), x, xn.data(), n, xb.data());
       } else {
         MatMul(pool_, L.ffn_gate, xn.data(), n, g.data(), scratch_);
@@ -127,6 +148,7 @@ class CpuLayers : public gpu::GpuLayers {
   }
 
  private:
+  std::atomic<int64_t>* resident_calls_;
   gpu::GpuLayersSpec spec_;
   const LlamaModel& m_;
   const LlamaHparams& h_;
@@ -137,30 +159,41 @@ class CpuLayers : public gpu::GpuLayers {
   MatMulScratch scratch_;
 };
 
-// The device part of a hybrid FFN: the listed device neurons through the scalar references.
+// A copy of a weight matrix (the spec's views need only live through Create).
+OwnedWeight CopyOf(const WeightView& w) {
+  OwnedWeight c = OwnedWeight::Allocate(w.type, w.rows, w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    std::copy_n(w.row(r), c.view.row_bytes, c.data.data() + r * c.view.row_bytes);
+  }
+  return c;
+}
+
+// The device part of a hybrid FFN through the scalar references, in host memory: the listed (or
+// predicted) device neurons, and in resident mode the predictor over every neuron.
 class CpuFfnExecutor : public gpu::GpuFfnExecutor {
  public:
   CpuFfnExecutor(const gpu::GpuFfnSpec& spec, std::atomic<int64_t>* launches)
       : spec_(spec), launches_(launches), reservation_(spec.budget, spec.memory_cap) {
     for (const gpu::GpuFfnLayerSpec& l : spec.layers) {
-      tables_.emplace_back(l.device_neurons.begin(), l.device_neurons.end());
-    }
-    for (const gpu::GpuFfnLayerSpec& l : spec.layers) {
-      b1_.emplace_back(l.b1.begin(), l.b1.end());
-      b2_.emplace_back(l.b2.begin(), l.b2.end());
-    }
-    // The spec's spans need not outlive Create (its weight views must, as on a GPU they are
-    // uploaded from them).
-    for (size_t l = 0; l < spec_.layers.size(); ++l) {
-      spec_.layers[l].device_neurons = tables_[l];
-      spec_.layers[l].b1 = b1_[l];
-      spec_.layers[l].b2 = b2_[l];
+      Layer& y = layers_.emplace_back();
+      y.table.assign(l.device_neurons.begin(), l.device_neurons.end());
+      y.on_device.assign(spec.n_ff, 0);
+      for (int32_t i : y.table) y.on_device[i] = 1;
+      if (l.rank > 0) {
+        y.fc1 = CopyOf(l.fc1);
+        y.fc2 = CopyOf(l.fc2);
+        y.b1.assign(l.b1.begin(), l.b1.end());
+        y.b2.assign(l.b2.begin(), l.b2.end());
+      }
     }
     idx_.resize(spec.n_ff);
+    host_idx_.resize(spec.n_ff);
     gate_.resize(spec.n_ff);
     up_.resize(spec.n_ff);
     logits_.resize(spec.n_ff);
     out_.resize(spec.n_embd);
+    xn_.resize(spec.n_embd);
+    partial_.resize(spec.n_embd);
   }
 
   absl::Status Init() {
@@ -182,23 +215,95 @@ class CpuFfnExecutor : public gpu::GpuFfnExecutor {
   absl::Status Launch(int layer, const float* xn, const int32_t* active,
                       int64_t n_active) override {
     launches_->fetch_add(1);
-    const gpu::GpuFfnLayerSpec& s = spec_.layers[layer];
+    const Layer& y = layers_[layer];
     int64_t n = 0;
     if (active != nullptr) {
       std::copy_n(active, n_active, idx_.begin());
       n = n_active;
-    } else if (s.rank > 0) {
-      std::vector<float> hidden(s.rank);
-      MatMulReference(s.fc1, xn, 1, hidden.data());
-      for (int64_t j = 0; j < s.rank; ++j) hidden[j] = std::max(0.0f, hidden[j] + b1_[layer][j]);
-      MatMulReference(s.fc2, hidden.data(), 1, logits_.data());
-      for (int32_t i : tables_[layer]) {
-        if (logits_[i] + b2_[layer][i] > s.threshold) idx_[n++] = i;
+    } else if (spec_.layers[layer].rank > 0) {
+      Predict(layer, xn);
+      for (int32_t i : y.table) {
+        if (Active(layer, i)) idx_[n++] = i;
       }
     } else {
-      std::copy(tables_[layer].begin(), tables_[layer].end(), idx_.begin());
-      n = static_cast<int64_t>(tables_[layer].size());
+      std::copy(y.table.begin(), y.table.end(), idx_.begin());
+      n = static_cast<int64_t>(y.table.size());
     }
+    DevicePart(layer, xn, n);
+    return absl::OkStatus();
+  }
+
+  absl::Status Wait(float* out, int64_t* n_predicted, int64_t* n_fired) override {
+    std::copy(out_.begin(), out_.end(), out);
+    if (n_predicted != nullptr) *n_predicted = predicted_;
+    if (n_fired != nullptr) *n_fired = fired_;
+    return absl::OkStatus();
+  }
+
+  absl::Status EnqueueResident(int layer, const float* xn, float* x) override {
+    launches_->fetch_add(1);
+    const Layer& y = layers_[layer];
+    const bool predict = spec_.layers[layer].rank > 0;
+    if (predict) Predict(layer, xn);
+    int64_t n_dev = 0;
+    n_host_ = 0;
+    for (int32_t i = 0; i < spec_.n_ff; ++i) {
+      if (predict && !Active(layer, i)) continue;
+      if (y.on_device[i]) {
+        idx_[n_dev++] = i;
+      } else {
+        host_idx_[n_host_++] = i;
+      }
+    }
+    std::copy_n(xn, spec_.n_embd, xn_.begin());  // "down" to the host
+    DevicePart(layer, xn, n_dev);
+    for (int64_t i = 0; i < spec_.n_embd; ++i) x[i] += out_[i];  // into the residual
+    waiting_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<gpu::HostPart> WaitHostPart() override {
+    if (!waiting_) return absl::FailedPreconditionError("WaitHostPart without EnqueueResident");
+    waiting_ = false;
+    gpu::HostPart h;
+    h.xn = xn_.data();
+    h.active = host_idx_.data();
+    h.n_active = n_host_;
+    h.partial = partial_.data();
+    return h;
+  }
+
+  absl::Status EnqueueAddHostPart(float* x) override {
+    for (int64_t i = 0; i < spec_.n_embd; ++i) x[i] += partial_[i];  // "up" into the residual
+    return absl::OkStatus();
+  }
+
+  uint64_t device_bytes() const override { return reservation_.bytes(); }
+
+ private:
+  struct Layer {
+    std::vector<int32_t> table;
+    std::vector<uint8_t> on_device;
+    OwnedWeight fc1, fc2;
+    std::vector<float> b1, b2;
+  };
+
+  // logits_ = fc2 · relu(fc1 · xn + b1) over every neuron.
+  void Predict(int layer, const float* xn) {
+    const gpu::GpuFfnLayerSpec& s = spec_.layers[layer];
+    const Layer& y = layers_[layer];
+    std::vector<float> hidden(s.rank);
+    MatMulReference(y.fc1.view, xn, 1, hidden.data());
+    for (int64_t j = 0; j < s.rank; ++j) hidden[j] = std::max(0.0f, hidden[j] + y.b1[j]);
+    MatMulReference(y.fc2.view, hidden.data(), 1, logits_.data());
+  }
+  bool Active(int layer, int32_t i) const {
+    return logits_[i] + layers_[layer].b2[i] > spec_.layers[layer].threshold;
+  }
+
+  // out_ = the FFN of idx_[0, n) (device neurons).
+  void DevicePart(int layer, const float* xn, int64_t n) {
+    const gpu::GpuFfnLayerSpec& s = spec_.layers[layer];
     predicted_ = n;
     SparseMatVecReference(s.gate, xn, idx_.data(), n, gate_.data());
     SparseMatVecReference(s.up, xn, idx_.data(), n, up_.data());
@@ -213,28 +318,20 @@ class CpuFfnExecutor : public gpu::GpuFfnExecutor {
     fired_ = m;
     std::fill(out_.begin(), out_.end(), 0.0f);
     SparseAxpyReference(s.down_t, idx_.data(), gate_.data(), m, out_.data());
-    return absl::OkStatus();
   }
 
-  absl::Status Wait(float* out, int64_t* n_predicted, int64_t* n_fired) override {
-    std::copy(out_.begin(), out_.end(), out);
-    if (n_predicted != nullptr) *n_predicted = predicted_;
-    if (n_fired != nullptr) *n_fired = fired_;
-    return absl::OkStatus();
-  }
-
-  uint64_t device_bytes() const override { return reservation_.bytes(); }
-
- private:
   gpu::GpuFfnSpec spec_;
   std::atomic<int64_t>* launches_;
   Reservation reservation_;
-  std::vector<std::vector<int32_t>> tables_;
-  std::vector<std::vector<float>> b1_, b2_;
-  std::vector<int32_t> idx_;
-  std::vector<float> gate_, up_, logits_, out_;
+  std::vector<Layer> layers_;
+  std::vector<int32_t> idx_, host_idx_;
+  std::vector<float> gate_, up_, logits_, out_, xn_, partial_;
+  int64_t n_host_ = 0;
   int64_t predicted_ = 0, fired_ = 0;
+  bool waiting_ = false;
 };
+
+class NoQueue : public gpu::Queue {};
 
 }  // namespace
 
@@ -248,13 +345,17 @@ absl::StatusOr<gpu::DeviceInfo> CpuStandInDevice::Probe(int index) const {
   return info;
 }
 
+absl::StatusOr<std::unique_ptr<gpu::Queue>> CpuStandInDevice::CreateQueue(int index) const {
+  return std::unique_ptr<gpu::Queue>(new NoQueue());
+}
+
 absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> CpuStandInDevice::CreateLayers(
     const gpu::GpuLayersSpec& spec) const {
   if (spec.model == nullptr ||
       static_cast<int64_t>(spec.layers.size()) != spec.model->hparams().n_layer) {
     return absl::InvalidArgumentError("stand-in layers: a spec of the model's layers");
   }
-  auto layers = std::make_unique<CpuLayers>(spec, &layer_calls_);
+  auto layers = std::make_unique<CpuLayers>(spec, &layer_calls_, &resident_calls_);
   if (absl::Status s = layers->Init(); !s.ok()) return s;
   return std::unique_ptr<gpu::GpuLayers>(std::move(layers));
 }

@@ -2,7 +2,8 @@
 // plan, its one memory budget and the hybrid split and merge run on any machine. Its whole
 // layers compute attention, the dense FFN (or the host FFN of a hybrid layer) and the head with
 // the CPU's operators and a KV cache of their own; its FFN executor computes the device part of
-// a hybrid layer with the scalar sparse references. Both reserve in the spec's budget the bytes
+// a hybrid layer with the scalar sparse references, in both modes (the resident one: only the
+// host's partial sum crosses back). Both reserve in the spec's budget the bytes
 // the CUDA backend would (gpu::ComputeGpuLayersMemory, the device rows), so a cap refuses here
 // what it refuses on a GPU. Test and benchmark use only: it is slow and allocates per call.
 #pragma once
@@ -21,19 +22,23 @@ class CpuStandInDevice : public gpu::Device {
   explicit CpuStandInDevice(uint64_t free_bytes = uint64_t{64} << 30) : free_bytes_(free_bytes) {}
 
   absl::StatusOr<gpu::DeviceInfo> Probe(int index) const override;
+  absl::StatusOr<std::unique_ptr<gpu::Queue>> CreateQueue(int index) const override;
   absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> CreateLayers(
       const gpu::GpuLayersSpec& spec) const override;
   absl::StatusOr<std::unique_ptr<gpu::GpuFfnExecutor>> CreateFfnExecutor(
       const gpu::GpuFfnSpec& spec) const override;
 
-  // Calls into what it created so far: layer runs handed to its layers, and FFN launches.
+  // Calls into what it created so far: layer runs handed to its layers, FFN launches (either
+  // mode), and hybrid layer-tokens run resident (only the host's partial sum crossing back).
   int64_t layer_calls() const { return layer_calls_.load(); }
   int64_t ffn_launches() const { return ffn_launches_.load(); }
+  int64_t resident_calls() const { return resident_calls_.load(); }
 
  private:
   const uint64_t free_bytes_;
   mutable std::atomic<int64_t> layer_calls_{0};
   mutable std::atomic<int64_t> ffn_launches_{0};
+  mutable std::atomic<int64_t> resident_calls_{0};
 };
 
 }  // namespace thermocline

@@ -35,6 +35,7 @@ class CudaOps : public GpuOps {
   absl::Status Init() {
     TC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                             "cudaStreamCreate");
+    persistent_.set_stream(stream_);
     absl::StatusOr<const cuda::CublasApi*> api = cuda::Cublas();
     if (!api.ok()) return api.status();
     api_ = *api;
@@ -59,6 +60,7 @@ class CudaOps : public GpuOps {
 
   absl::Status MatVec(const WeightView& w, const float* x, float* y) override {
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<DevMatrix> m = UploadRows(arena, w, {}, "weights");
     if (!m.ok()) return m.status();
     absl::StatusOr<const void*> dx = Activations(arena, *m, x);
@@ -72,6 +74,7 @@ class CudaOps : public GpuOps {
   absl::Status Gemm(const WeightView& w, const float* x, int64_t n_tokens, float* y) override {
     if (n_tokens <= 0) return absl::OkStatus();
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<DevMatrix> m = UploadRows(arena, w, {}, "weights");
     if (!m.ok()) return m.status();
     absl::StatusOr<void*> dx = arena.Upload(x, n_tokens * w.cols * sizeof(float), "x");
@@ -108,6 +111,7 @@ class CudaOps : public GpuOps {
                             absl::Span<const int32_t> active, const float* x, float* y) override {
     if (active.empty()) return absl::OkStatus();
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<DevMatrix> m = UploadRows(arena, w, table, "compact rows");
     if (!m.ok()) return m.status();
     absl::StatusOr<const int32_t*> list = ActiveList(arena, active, m->rows);
@@ -124,6 +128,7 @@ class CudaOps : public GpuOps {
   absl::Status SparseAxpy(const WeightView& w_t, absl::Span<const int32_t> table,
                           absl::Span<const int32_t> active, const float* act, float* out) override {
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<DevMatrix> m = UploadRows(arena, w_t, table, "compact down_t rows");
     if (!m.ok()) return m.status();
     absl::StatusOr<const int32_t*> list = ActiveList(arena, active, m->rows);
@@ -155,6 +160,7 @@ class CudaOps : public GpuOps {
     const int64_t n_dev = static_cast<int64_t>(table.size());
     if (n_dev == 0) return std::vector<int32_t>();
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<DevMatrix> m1 = UploadRows(arena, fc1, {}, "fc1");
     absl::StatusOr<DevMatrix> m2 = UploadRows(arena, fc2, {}, "fc2");
     if (!m1.ok() || !m2.ok()) return !m1.ok() ? m1.status() : m2.status();
@@ -193,6 +199,7 @@ class CudaOps : public GpuOps {
   absl::Status RmsNorm(const float* x, const float* weight, int64_t n, float eps,
                        float* out) override {
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<void*> dx = arena.Upload(x, n * 4, "x");
     absl::StatusOr<void*> dw = arena.Upload(weight, n * 4, "weight");
     absl::StatusOr<float*> dout = arena.AllocateArray<float>(n, "out");
@@ -205,6 +212,7 @@ class CudaOps : public GpuOps {
   absl::Status Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
                     const float* cos_sin) override {
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<void*> dx = arena.Upload(x, n_heads * head_dim * 4, "x");
     absl::StatusOr<void*> dcs = arena.Upload(cos_sin, rope_dim * 4, "cos_sin");
     if (!dx.ok() || !dcs.ok()) return !dx.ok() ? dx.status() : dcs.status();
@@ -216,6 +224,7 @@ class CudaOps : public GpuOps {
   absl::Status GatedActivation(FfnActivation act, float* gate, const float* up,
                                int64_t n) override {
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<void*> dg = arena.Upload(gate, n * 4, "gate");
     absl::StatusOr<void*> du = arena.Upload(up, n * 4, "up");
     if (!dg.ok() || !du.ok()) return !dg.ok() ? dg.status() : du.status();
@@ -230,6 +239,7 @@ class CudaOps : public GpuOps {
       return absl::InvalidArgumentError("attention: n_head must be a multiple of n_head_kv > 0");
     }
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     const int64_t kv = n_kv * n_head_kv * head_dim;
     absl::StatusOr<void*> dq = arena.Upload(q, n_head * head_dim * 4, "q");
     absl::StatusOr<void*> dk = arena.Upload(k_cache, kv * 4, "k cache");
@@ -257,7 +267,13 @@ class CudaOps : public GpuOps {
   }
 
  private:
+  // The launches' own errors (a bad launch configuration is not reported by the sync), then the
+  // stream's.
   absl::Status Sync(std::string_view what) {
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+      cudaStreamSynchronize(stream_);
+      return cuda::CudaStatus(e, what);
+    }
     return cuda::CudaStatus(cudaStreamSynchronize(stream_), what);
   }
 
@@ -297,6 +313,7 @@ class CudaOps : public GpuOps {
   // Median seconds of a (sparse) mat-vec or axpy over every stride-th row of w.
   absl::StatusOr<double> TimeRows(const WeightView& w, int stride, int iters, bool axpy) {
     DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<DevMatrix> m = UploadRows(arena, w, {}, "weights");
     if (!m.ok()) return m.status();
     std::vector<int32_t> active;

@@ -15,6 +15,16 @@ absl::Status CudaStatus(cudaError_t e, std::string_view what) {
                                           cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
+CudaQueue::~CudaQueue() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(stream_);
+  cudaStreamDestroy(stream_);
+}
+
+cudaStream_t StreamOf(gpu::Queue* queue) {
+  return queue != nullptr ? static_cast<CudaQueue*>(queue)->stream() : nullptr;
+}
+
 absl::StatusOr<KType> KernelType(const WeightView& w) {
   KType t;
   int64_t block = 1;
@@ -103,6 +113,16 @@ absl::StatusOr<DeviceInfo> Probe(int index) {
 }
 
 bool DeviceAvailable() { return Probe(0).ok(); }
+
+absl::StatusOr<std::unique_ptr<Queue>> CreateCudaQueue(int index) {
+  absl::StatusOr<DeviceInfo> info = Probe(index);
+  if (!info.ok()) return info.status();
+  TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(index), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  TC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                          "cudaStreamCreate");
+  return std::unique_ptr<Queue>(new cuda::CudaQueue(index, stream));
+}
 
 }  // namespace gpu
 }  // namespace thermocline

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_kernels.h"
+#include "engine/gpu/queue.h"
 #include "engine/ops/ggml_types.h"
 #include "engine/ops/matmul.h"
 #include "engine/util/status_macros.h"
@@ -24,6 +25,21 @@ absl::Status CudaStatus(cudaError_t e, std::string_view what);
       return tc_status;                                                           \
     }                                                                             \
   } while (0)
+
+// A session's queue on CUDA: one stream on one device (gpu::CreateCudaQueue makes it).
+class CudaQueue : public gpu::Queue {
+ public:
+  CudaQueue(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~CudaQueue() override;
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+};
+// The stream of a CudaQueue; nullptr for no queue.
+cudaStream_t StreamOf(gpu::Queue* queue);
 
 // The kernel type of a weight, or InvalidArgumentError for a type without CUDA kernels or a
 // row length its blocks do not divide.

@@ -1,7 +1,11 @@
 // GpuFfnExecutor on CUDA (engine/gpu/gpu_ffn_executor.h): per layer the device neurons' gate/up
-// rows, down_t rows, the compact-row → neuron table and the predictor live on the GPU; one
-// stream, one event, pinned host buffers for xn, the active list and the partial output. Every
-// buffer is sized in Create, so Launch/Wait never allocate.
+// rows, down_t rows, the compact-row → neuron table, the neuron → compact-row map and the
+// predictor (fc2 of every neuron) live on the GPU; the session's stream (or one of its own),
+// pinned host buffers for xn, the active lists and the partial sums. Every buffer is sized in
+// Create, so no call allocates. Every call first makes the executor's device current (a launching
+// thread may not have it) and checks its own launches before returning, so an error is reported
+// by the call that caused it; a call that fails after queueing work waits for the stream first,
+// so no pinned buffer is left in flight.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -25,6 +29,7 @@ static_assert(static_cast<int>(FfnActivation::kSilu) == 0 &&
 
 struct DeviceLayer {
   int64_t n_dev = 0;
+  const int32_t* compact = nullptr;  // (n_ff) neuron id → compact row, -1 on the host (resident)
   DevMatrix gate, up, down_t;      // compact rows (n_dev, n_embd)
   const int32_t* table = nullptr;  // (n_dev) compact row → neuron id
   int32_t* all = nullptr;          // (n_dev + 1): 0..n_dev-1, then n_dev (the rank-0 list)
@@ -41,16 +46,23 @@ class CudaFfnExecutor : public GpuFfnExecutor {
  public:
   explicit CudaFfnExecutor(const GpuFfnSpec& spec)
       : n_embd_(spec.n_embd),
+        n_ff_(spec.n_ff),
+        device_(spec.device),
         activation_(spec.activation),
         budget_(spec.memory_cap),
         arena_(spec.budget != nullptr ? spec.budget : &budget_) {}
 
   ~CudaFfnExecutor() override {
+    cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    if (done_ != nullptr) cudaEventDestroy(done_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    for (cudaEvent_t e : {done_, host_ready_}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (stream_ != nullptr && own_stream_) cudaStreamDestroy(stream_);
     for (void* p : {static_cast<void*>(h_x_), static_cast<void*>(h_idx_),
-                    static_cast<void*>(h_out_), static_cast<void*>(h_counts_)}) {
+                    static_cast<void*>(h_out_), static_cast<void*>(h_counts_),
+                    static_cast<void*>(h_res_xn_), static_cast<void*>(h_res_idx_),
+                    static_cast<void*>(h_res_partial_)}) {
       if (p != nullptr) cudaFreeHost(p);
     }
   }
@@ -60,13 +72,24 @@ class CudaFfnExecutor : public GpuFfnExecutor {
   absl::Status Launch(int layer, const float* xn, const int32_t* active, int64_t n_active) override;
   absl::Status Wait(float* out, int64_t* n_predicted, int64_t* n_fired) override;
   uint64_t device_bytes() const override { return arena_.bytes(); }
+  absl::Status EnqueueResident(int layer, const float* xn, float* x) override;
+  absl::StatusOr<HostPart> WaitHostPart() override;
+  absl::Status EnqueueAddHostPart(float* x) override;
 
  private:
-  const void* ActivationsFor(const DevMatrix& m) const {
-    return cuda::UsesQ8Activations(m.type) ? static_cast<const void*>(d_xq_) : d_x_;
+  // The activations a mat-vec of m reads: x itself, or its Q8_0 copy in d_xq_.
+  const void* ActivationsFor(const DevMatrix& m, const float* x) const {
+    return cuda::UsesQ8Activations(m.type) ? static_cast<const void*>(d_xq_) : x;
   }
+  // The device part's FFN over list (count on the device, at most max_n) from x into d_out_.
+  void DevicePart(const DeviceLayer& L, const float* x, const int32_t* list,
+                  const int32_t* count, int64_t max_n, cudaStream_t s);
+  // After queueing work: this call's launch errors, the stream drained on error.
+  absl::Status CheckLaunches(std::string_view what);
 
   int64_t n_embd_;
+  int64_t n_ff_;
+  int device_;
   FfnActivation activation_;
   MemoryBudget budget_;
   DeviceArena arena_;
@@ -86,12 +109,23 @@ class CudaFfnExecutor : public GpuFfnExecutor {
   float* d_partial_ = nullptr;  // (AxpySplits(max_dev), n_embd)
   float* d_out_ = nullptr;      // (n_embd)
   int32_t* d_fired_ = nullptr;  // (1)
+  // Resident mode: the predictor's logits over every neuron, the host's active list (count at
+  // [n_ff]) and the host's partial sum on its way up.
+  float* d_res_logits_ = nullptr;    // (n_ff)
+  int32_t* d_res_idx_ = nullptr;     // (n_ff + 1)
+  float* d_res_partial_ = nullptr;   // (n_embd)
+  float* h_res_xn_ = nullptr;        // pinned (n_embd)
+  int32_t* h_res_idx_ = nullptr;     // pinned (n_ff + 1)
+  float* h_res_partial_ = nullptr;   // pinned (n_embd)
+  cudaEvent_t host_ready_ = nullptr;  // the host's half has landed
+  bool resident_pending_ = false;     // EnqueueResident without WaitHostPart yet
   // Pinned host buffers.
   float* h_x_ = nullptr;         // (n_embd)
   int32_t* h_idx_ = nullptr;     // (max_dev + 1)
   float* h_out_ = nullptr;       // (n_embd)
   int32_t* h_counts_ = nullptr;  // (2): predicted, fired
   cudaStream_t stream_ = nullptr;
+  bool own_stream_ = false;
   cudaEvent_t done_ = nullptr;
   int launched_ = -1;  // the layer in flight, -1: none
   bool launched_empty_ = false;
@@ -134,7 +168,18 @@ absl::Status CheckLayer(const GpuFfnSpec& spec, size_t l) {
 }
 
 absl::Status CudaFfnExecutor::Init(const GpuFfnSpec& spec) {
+  TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+  // The session's stream when there is one, so that the GPU layers' work and this executor's are
+  // ordered on the device; uploads go on it too, before any kernel reads them.
+  stream_ = cuda::StreamOf(spec.queue);
+  if (stream_ == nullptr) {
+    TC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                            "cudaStreamCreate");
+    own_stream_ = true;
+  }
+  arena_.set_stream(stream_);
   int64_t max_rank = 0;
+  bool any_predictor = false;
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     const GpuFfnLayerSpec& s = spec.layers[l];
     DeviceLayer L;
@@ -165,7 +210,7 @@ absl::Status CudaFfnExecutor::Init(const GpuFfnSpec& spec) {
       absl::StatusOr<int32_t*> all = arena_.AllocateArray<int32_t>(L.n_dev + 1, name + "list");
       if (!all.ok()) return all.status();
       L.all = *all;
-      cuda::Iota(L.all, L.n_dev, L.all + L.n_dev, nullptr);
+      cuda::Iota(L.all, L.n_dev, L.all + L.n_dev, stream_);
       need_q8_ =
           need_q8_ || cuda::UsesQ8Activations(L.gate.type) || cuda::UsesQ8Activations(L.up.type);
       if (s.rank > 0) {
@@ -183,11 +228,16 @@ absl::Status CudaFfnExecutor::Init(const GpuFfnSpec& spec) {
         L.b2 = static_cast<const float*>(*b2);
         max_rank = std::max(max_rank, s.rank);
         need_q8_ = need_q8_ || cuda::UsesQ8Activations(L.fc1.type);
+        any_predictor = true;
       }
+      absl::StatusOr<void*> compact =
+          arena_.Upload(L.compact_of.data(), spec.n_ff * 4, name + "neuron map");
+      if (!compact.ok()) return compact.status();
+      L.compact = static_cast<const int32_t*>(*compact);
     }
     layers_.push_back(std::move(L));
   }
-  TC_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "the upload of the GPU FFN");
+  TC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "the upload of the GPU FFN");
 
   const int64_t m = std::max<int64_t>(max_dev_, 1);
   auto alloc = [&](auto** p, int64_t n, const char* what) -> absl::Status {
@@ -211,6 +261,19 @@ absl::Status CudaFfnExecutor::Init(const GpuFfnSpec& spec) {
       alloc(&d_partial_, cuda::AxpySplits(m) * n_embd_, "GPU FFN scratch (partial sums)"));
   TC_RETURN_IF_ERROR(alloc(&d_out_, n_embd_, "GPU FFN scratch (out)"));
   TC_RETURN_IF_ERROR(alloc(&d_fired_, 1, "GPU FFN scratch (fired)"));
+  if (any_predictor || max_dev_ > 0) {
+    TC_RETURN_IF_ERROR(alloc(&d_res_logits_, n_ff_, "GPU FFN scratch (resident logits)"));
+    TC_RETURN_IF_ERROR(alloc(&d_res_idx_, n_ff_ + 1, "GPU FFN scratch (host's active list)"));
+    TC_RETURN_IF_ERROR(alloc(&d_res_partial_, n_embd_, "GPU FFN scratch (host's partial sum)"));
+    TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_res_xn_, n_embd_ * 4, cudaHostAllocDefault),
+                            "pinned resident xn");
+    TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_res_idx_, (n_ff_ + 1) * 4, cudaHostAllocDefault),
+                            "pinned host's active list");
+    TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_res_partial_, n_embd_ * 4, cudaHostAllocDefault),
+                            "pinned host's partial sum");
+    TC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&host_ready_, cudaEventDisableTiming),
+                            "cudaEventCreate");
+  }
 
   TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_x_, n_embd_ * 4, cudaHostAllocDefault), "pinned xn");
   TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_idx_, (m + 1) * 4, cudaHostAllocDefault),
@@ -218,11 +281,27 @@ absl::Status CudaFfnExecutor::Init(const GpuFfnSpec& spec) {
   TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_out_, n_embd_ * 4, cudaHostAllocDefault),
                           "pinned output");
   TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_counts_, 2 * 4, cudaHostAllocDefault), "pinned counts");
-  TC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                          "cudaStreamCreate");
   TC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming),
                           "cudaEventCreate");
   return absl::OkStatus();
+}
+
+absl::Status CudaFfnExecutor::CheckLaunches(std::string_view what) {
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    cudaStreamSynchronize(stream_);  // nothing of this call left in flight
+    return cuda::CudaStatus(e, what);
+  }
+  return absl::OkStatus();
+}
+
+void CudaFfnExecutor::DevicePart(const DeviceLayer& L, const float* x, const int32_t* list,
+                                 const int32_t* count, int64_t max_n, cudaStream_t s) {
+  cudaMemsetAsync(d_fired_, 0, sizeof(int32_t), s);
+  cuda::MatVec(L.gate, ActivationsFor(L.gate, x), list, count, max_n, d_gate_, s);
+  cuda::MatVec(L.up, ActivationsFor(L.up, x), list, count, max_n, d_up_, s);
+  cuda::GatedActivation(static_cast<int>(activation_), d_gate_, d_up_, count, max_n,
+                        L.magnitude_threshold, d_fired_, s);
+  cuda::SparseAxpy(L.down_t, list, d_gate_, count, max_n, d_partial_, d_out_, s);
 }
 
 absl::Status CudaFfnExecutor::Launch(int layer, const float* xn, const int32_t* active,
@@ -243,6 +322,8 @@ absl::Status CudaFfnExecutor::Launch(int layer, const float* xn, const int32_t* 
     launched_empty_ = true;
     return absl::OkStatus();
   }
+  TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+  // The previous Wait has drained the stream's use of the pinned buffers written below.
   const cudaStream_t s = stream_;
   const int32_t* list;
   const int32_t* count;
@@ -269,7 +350,7 @@ absl::Status CudaFfnExecutor::Launch(int layer, const float* xn, const int32_t* 
   if (need_q8_) cuda::QuantizeQ8_0(d_x_, n_embd_, d_xq_, s);
   if (active == nullptr && L.rank > 0) {
     // Predictor: logits of the device neurons only (fc2 rows through the table).
-    cuda::MatVec(L.fc1, ActivationsFor(L.fc1), nullptr, nullptr, L.rank, d_hidden_, s);
+    cuda::MatVec(L.fc1, ActivationsFor(L.fc1, d_x_), nullptr, nullptr, L.rank, d_hidden_, s);
     cuda::BiasRelu(d_hidden_, L.b1, L.rank, s);
     const void* h = d_hidden_;
     if (cuda::UsesQ8Activations(L.fc2.type)) {
@@ -287,17 +368,12 @@ absl::Status CudaFfnExecutor::Launch(int layer, const float* xn, const int32_t* 
     count = L.all + L.n_dev;
     max_n = L.n_dev;
   }
-  cudaMemsetAsync(d_fired_, 0, sizeof(int32_t), s);
-  cuda::MatVec(L.gate, ActivationsFor(L.gate), list, count, max_n, d_gate_, s);
-  cuda::MatVec(L.up, ActivationsFor(L.up), list, count, max_n, d_up_, s);
-  cuda::GatedActivation(static_cast<int>(activation_), d_gate_, d_up_, count, max_n,
-                        L.magnitude_threshold, d_fired_, s);
-  cuda::SparseAxpy(L.down_t, list, d_gate_, count, max_n, d_partial_, d_out_, s);
+  DevicePart(L, d_x_, list, count, max_n, s);
   cudaMemcpyAsync(h_out_, d_out_, n_embd_ * sizeof(float), cudaMemcpyDeviceToHost, s);
   cudaMemcpyAsync(h_counts_, count, sizeof(int32_t), cudaMemcpyDeviceToHost, s);
   cudaMemcpyAsync(h_counts_ + 1, d_fired_, sizeof(int32_t), cudaMemcpyDeviceToHost, s);
   cudaEventRecord(done_, s);
-  TC_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "the GPU FFN's launches");
+  TC_RETURN_IF_ERROR(CheckLaunches("the GPU FFN's launches"));
   launched_ = layer;
   launched_empty_ = false;
   return absl::OkStatus();
@@ -317,6 +393,77 @@ absl::Status CudaFfnExecutor::Wait(float* out, int64_t* n_predicted, int64_t* n_
   if (n_predicted != nullptr) *n_predicted = h_counts_[0];
   if (n_fired != nullptr) *n_fired = h_counts_[1];
   return absl::OkStatus();
+}
+
+absl::Status CudaFfnExecutor::EnqueueResident(int layer, const float* xn, float* x) {
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()) || d_res_idx_ == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU FFN: no resident layer ", layer, " (a layer with device neurons)"));
+  }
+  if (resident_pending_) {
+    return absl::FailedPreconditionError("GPU FFN: EnqueueResident twice without WaitHostPart");
+  }
+  const DeviceLayer& L = layers_[layer];
+  if (L.compact == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU FFN layer ", layer, " has no device neurons to run resident"));
+  }
+  TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+  const cudaStream_t s = stream_;
+  if (need_q8_) cuda::QuantizeQ8_0(xn, n_embd_, d_xq_, s);
+  int32_t* dev_count = d_idx_ + max_dev_;
+  int32_t* host_count = d_res_idx_ + n_ff_;
+  if (L.rank > 0) {
+    // The predictor over every neuron, split into the device's list and the host's.
+    cuda::MatVec(L.fc1, ActivationsFor(L.fc1, xn), nullptr, nullptr, L.rank, d_hidden_, s);
+    cuda::BiasRelu(d_hidden_, L.b1, L.rank, s);
+    const void* h = d_hidden_;
+    if (cuda::UsesQ8Activations(L.fc2.type)) {
+      cuda::QuantizeQ8_0(d_hidden_, L.rank, d_hq_, s);
+      h = d_hq_;
+    }
+    cuda::MatVec(L.fc2, h, nullptr, nullptr, n_ff_, d_res_logits_, s);
+    cuda::SplitCompact(d_res_logits_, L.b2, L.compact, n_ff_, L.threshold, d_idx_, dev_count,
+                       d_res_idx_, host_count, s);
+  } else {
+    cuda::SplitCompact(nullptr, nullptr, L.compact, n_ff_, 0.0f, d_idx_, dev_count, d_res_idx_,
+                       host_count, s);
+  }
+  // One copy down: xn and the host's active list (its count last); then the event the host
+  // waits on, while the device computes its part into the residual.
+  cudaMemcpyAsync(h_res_xn_, xn, n_embd_ * 4, cudaMemcpyDeviceToHost, s);
+  cudaMemcpyAsync(h_res_idx_, d_res_idx_, (n_ff_ + 1) * 4, cudaMemcpyDeviceToHost, s);
+  cudaEventRecord(host_ready_, s);
+  if (L.n_dev > 0) {
+    DevicePart(L, xn, d_idx_, dev_count, L.n_dev, s);
+    cuda::Add(x, d_out_, n_embd_, s);
+  }
+  TC_RETURN_IF_ERROR(CheckLaunches("the GPU FFN's resident launches"));
+  resident_pending_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HostPart> CudaFfnExecutor::WaitHostPart() {
+  if (!resident_pending_) {
+    return absl::FailedPreconditionError("GPU FFN: WaitHostPart without EnqueueResident");
+  }
+  resident_pending_ = false;
+  TC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(host_ready_), "the GPU FFN's host half");
+  HostPart h;
+  h.xn = h_res_xn_;
+  h.active = h_res_idx_;
+  h.n_active = h_res_idx_[n_ff_];
+  h.partial = h_res_partial_;
+  return h;
+}
+
+absl::Status CudaFfnExecutor::EnqueueAddHostPart(float* x) {
+  TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+  // Up and into the residual, on the stream. The host writes h_res_partial_ again only after
+  // its next WaitHostPart, whose event this copy precedes.
+  cudaMemcpyAsync(d_res_partial_, h_res_partial_, n_embd_ * 4, cudaMemcpyHostToDevice, stream_);
+  cuda::Add(x, d_res_partial_, n_embd_, stream_);
+  return CheckLaunches("adding the host's partial sum");
 }
 
 }  // namespace

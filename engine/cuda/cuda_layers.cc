@@ -33,12 +33,15 @@ struct DevLayer {
 class CudaGpuLayers : public GpuLayers {
  public:
   explicit CudaGpuLayers(const GpuLayersSpec& spec)
-      : spec_(spec), h_(spec.model->hparams()), budget_(spec.memory_cap), arena_(spec.budget != nullptr ? spec.budget : &budget_) {}
+      : spec_(spec),
+        h_(spec.model->hparams()),
+        budget_(spec.memory_cap),
+        arena_(spec.budget != nullptr ? spec.budget : &budget_) {}
   ~CudaGpuLayers() override {
-    if (stream_ != nullptr) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
+    cudaSetDevice(spec_.device);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (staged_ != nullptr) cudaEventDestroy(staged_);
+    if (stream_ != nullptr && own_stream_) cudaStreamDestroy(stream_);
     for (float* p : {h_in_, h_xn_, h_out_, h_logits_}) {
       if (p != nullptr) cudaFreeHost(p);
     }
@@ -71,6 +74,12 @@ class CudaGpuLayers : public GpuLayers {
   void DenseFfn(const DevLayer& L, int64_t t);
   // The FFN of tokens 0..m-1 through spec_.host_ffn: x and xn down, the output back up.
   absl::Status HostFfn(int layer, const DevLayer& L, int64_t m);
+  // The FFN of token 0 in resident mode (spec_.device_ffn): xn stays here, the executor
+  // predicts and adds its part into the residual, the host computes its listed part, and only
+  // that partial sum comes back. One host sync.
+  absl::Status ResidentFfn(int layer, const DevLayer& L);
+  // After queueing work: this call's launch errors, the stream drained on error.
+  absl::Status CheckLaunches(std::string_view what);
   // Logits of token t into host row out.
   absl::Status Head(int64_t t, float* out);
 
@@ -92,10 +101,22 @@ class CudaGpuLayers : public GpuLayers {
   // Pinned host buffers: x in and out plus the RoPE table, (batch, n_embd + rope_dim); the host
   // FFN's xn and output, (batch, n_embd) each; logits (n_vocab).
   float *h_in_ = nullptr, *h_xn_ = nullptr, *h_out_ = nullptr, *h_logits_ = nullptr;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // the session's (spec.queue), or the layers' own
+  bool own_stream_ = false;
+  cudaEvent_t staged_ = nullptr;   // h_in_'s upload has been read: it may be written again
 };
 
 absl::Status CudaGpuLayers::Init() {
+  TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(spec_.device), "cudaSetDevice");
+  stream_ = cuda::StreamOf(spec_.queue);
+  if (stream_ == nullptr) {
+    TC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                            "cudaStreamCreate");
+    own_stream_ = true;
+  }
+  arena_.set_stream(stream_);  // uploads ordered before the kernels that read them
+  TC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming),
+                          "cudaEventCreate");
   const LlamaModel& m = *spec_.model;
   const int64_t kv_elems = spec_.n_ctx * h_.kv_dim();
   layers_.resize(h_.n_layer);
@@ -166,7 +187,7 @@ absl::Status CudaGpuLayers::Init() {
   absl::StatusOr<void*> xq = arena_.Allocate(s.xq_bytes, "GPU layers scratch (q8 activations)");
   if (!xq.ok()) return xq.status();
   d_xq_ = *xq;
-  TC_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "the upload of the GPU layers");
+  TC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "the upload of the GPU layers");
 
   batch_ = std::max<int64_t>(spec_.max_batch, 1);
   const int64_t rope = std::max<int64_t>(h_.rope_dim, 1);
@@ -182,8 +203,6 @@ absl::Status CudaGpuLayers::Init() {
     TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_logits_, h_.n_vocab * 4, cudaHostAllocDefault),
                             "pinned logits");
   }
-  TC_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                          "cudaStreamCreate");
   return absl::OkStatus();
 }
 
@@ -237,6 +256,26 @@ absl::Status CudaGpuLayers::HostFfn(int layer, const DevLayer& L, int64_t m) {
   return absl::OkStatus();
 }
 
+absl::Status CudaGpuLayers::ResidentFfn(int layer, const DevLayer& L) {
+  const int64_t d = h_.n_embd;
+  cuda::RmsNorm(d_x_, L.ffn_norm, d, h_.rms_eps, d_xn_, stream_);
+  GpuFfnExecutor& device = *spec_.device_ffn;
+  TC_RETURN_IF_ERROR(device.EnqueueResident(layer, d_xn_, d_x_));
+  absl::StatusOr<HostPart> host = device.WaitHostPart();
+  if (!host.ok()) return host.status();
+  TC_RETURN_IF_ERROR(spec_.host_ffn->ForwardListed(layer, host->xn, host->active, host->n_active,
+                                                   host->partial));
+  return device.EnqueueAddHostPart(d_x_);
+}
+
+absl::Status CudaGpuLayers::CheckLaunches(std::string_view what) {
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    cudaStreamSynchronize(stream_);  // nothing of this call left in flight
+    return cuda::CudaStatus(e, what);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaGpuLayers::Head(int64_t t, float* out) {
   const int64_t d = h_.n_embd;
   cuda::RmsNorm(d_x_ + t * d, out_norm_, d, h_.rms_eps, d_xn_ + t * d, stream_);
@@ -262,18 +301,28 @@ absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64
           absl::StrCat("GPU layers: layer ", l, " is not on the GPU"));
     }
   }
+  // The launching thread may not have this device current (a slot's thread, a test's).
+  TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(spec_.device), "cudaSetDevice");
   const int64_t d = h_.n_embd, rope = std::max<int64_t>(h_.rope_dim, 1);
   for (int64_t c0 = 0; c0 < n; c0 += batch_) {
     const int64_t m = std::min(batch_, n - c0);
-    // One pinned staging buffer: x rows, then the RoPE rows.
+    // One pinned staging buffer: x rows, then the RoPE rows; the previous chunk's upload from
+    // it must have been read before it is written again.
+    if (c0 > 0) TC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staged_), "the GPU layers' staging");
     std::memcpy(h_in_, x + c0 * d, m * d * 4);
     std::memcpy(h_in_ + batch_ * d, cos_sin + c0 * h_.rope_dim, m * h_.rope_dim * 4);
     cudaMemcpyAsync(d_x_, h_in_, m * d * 4, cudaMemcpyHostToDevice, stream_);
     cudaMemcpyAsync(d_rope_, h_in_ + batch_ * d, m * rope * 4, cudaMemcpyHostToDevice, stream_);
+    cudaEventRecord(staged_, stream_);
     for (int64_t l = first; l < last; ++l) {
       const DevLayer& L = layers_[l];
-      if (spec_.host_ffn != nullptr) {
+      if (spec_.host_ffn != nullptr && spec_.device_ffn != nullptr && m == 1) {
+        Attention(L, 0, pos + c0);
+        TC_RETURN_IF_ERROR(CheckLaunches("the GPU layers' attention"));
+        TC_RETURN_IF_ERROR(ResidentFfn(static_cast<int>(l), L));
+      } else if (spec_.host_ffn != nullptr) {
         for (int64_t t = 0; t < m; ++t) Attention(L, t, pos + c0 + t);
+        TC_RETURN_IF_ERROR(CheckLaunches("the GPU layers' attention"));
         TC_RETURN_IF_ERROR(HostFfn(static_cast<int>(l), L, m));
       } else {
         for (int64_t t = 0; t < m; ++t) {
@@ -296,8 +345,7 @@ absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64
       std::memcpy(x + c0 * d, h_in_, m * d * 4);
     }
   }
-  TC_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "the GPU layers' launches");
-  return absl::OkStatus();
+  return CheckLaunches("the GPU layers' launches");
 }
 
 }  // namespace

@@ -32,7 +32,12 @@ absl::StatusOr<void*> DeviceArena::Allocate(uint64_t bytes, std::string_view wha
 absl::StatusOr<void*> DeviceArena::Upload(const void* host, uint64_t bytes, std::string_view what) {
   absl::StatusOr<void*> p = Allocate(bytes, what);
   if (!p.ok()) return p.status();
-  if (bytes > 0) {
+  if (bytes > 0 && stream_ != nullptr) {
+    TC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*p, host, bytes, cudaMemcpyHostToDevice, stream_),
+                            absl::StrCat("upload of ", std::string(what)));
+    TC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_),
+                            absl::StrCat("upload of ", std::string(what)));
+  } else if (bytes > 0) {
     TC_CUDA_RETURN_IF_ERROR(cudaMemcpy(*p, host, bytes, cudaMemcpyHostToDevice),
                             absl::StrCat("upload of ", std::string(what)));
   }

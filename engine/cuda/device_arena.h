@@ -33,13 +33,18 @@ class DeviceArena {
     if (!p.ok()) return p.status();
     return static_cast<T*>(*p);
   }
-  // Allocates bytes and copies them from the host (synchronously).
+  // Allocates bytes and copies them from the host, on the stream that will read them (see
+  // set_stream), and waits for the copy: the host buffer may go at once.
   absl::StatusOr<void*> Upload(const void* host, uint64_t bytes, std::string_view what);
+  // The stream uploads are ordered on; nullptr (the default): the legacy default stream, which
+  // a non-blocking stream's kernels are not ordered after.
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
 
   uint64_t bytes() const { return bytes_; }
 
  private:
   gpu::MemoryBudget* budget_;
+  cudaStream_t stream_ = nullptr;
   std::vector<std::pair<void*, uint64_t>> blocks_;
   uint64_t bytes_ = 0;
 };

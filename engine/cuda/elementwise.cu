@@ -162,6 +162,49 @@ __global__ void ThresholdCompactKernel(const float* logits, const float* b2, con
   if (threadIdx.x == kCompactThreads - 1) *count = offsets[threadIdx.x];
 }
 
+// One block: the neurons k < n with logits[k] + b2[k] > threshold, split by where they run:
+// compact_of[k] >= 0 (the device's) into dev_idx as compact rows, the others into host_idx as
+// neuron ids; both lists ascending, each thread's stretch of k written at its scanned offsets.
+// logits null: every neuron is active (a layer without a predictor).
+__global__ void SplitCompactKernel(const float* logits, const float* b2, const int32_t* compact_of,
+                                   int64_t n, float threshold, int32_t* dev_idx,
+                                   int32_t* dev_count, int32_t* host_idx, int32_t* host_count) {
+  __shared__ int dev_off[kCompactThreads];
+  __shared__ int host_off[kCompactThreads];
+  const int64_t chunk = (n + kCompactThreads - 1) / kCompactThreads;
+  const int64_t begin = threadIdx.x * chunk;
+  const int64_t end = min(begin + chunk, n);
+  int dev = 0, host = 0;
+  for (int64_t k = begin; k < end; ++k) {
+    if (logits == nullptr || logits[k] + b2[k] > threshold) (compact_of[k] >= 0 ? dev : host) += 1;
+  }
+  dev_off[threadIdx.x] = dev;
+  host_off[threadIdx.x] = host;
+  __syncthreads();
+  for (int stride = 1; stride < kCompactThreads; stride *= 2) {  // inclusive Hillis-Steele scans
+    const int add_dev = threadIdx.x >= stride ? dev_off[threadIdx.x - stride] : 0;
+    const int add_host = threadIdx.x >= stride ? host_off[threadIdx.x - stride] : 0;
+    __syncthreads();
+    dev_off[threadIdx.x] += add_dev;
+    host_off[threadIdx.x] += add_host;
+    __syncthreads();
+  }
+  int at_dev = dev_off[threadIdx.x] - dev, at_host = host_off[threadIdx.x] - host;
+  for (int64_t k = begin; k < end; ++k) {
+    if (logits == nullptr || logits[k] + b2[k] > threshold) {
+      if (compact_of[k] >= 0) {
+        dev_idx[at_dev++] = compact_of[k];
+      } else {
+        host_idx[at_host++] = static_cast<int32_t>(k);
+      }
+    }
+  }
+  if (threadIdx.x == kCompactThreads - 1) {
+    *dev_count = dev_off[threadIdx.x];
+    *host_count = host_off[threadIdx.x];
+  }
+}
+
 __global__ void IotaKernel(int32_t* idx, int64_t n, int32_t* count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) idx[i] = static_cast<int32_t>(i);
@@ -209,6 +252,13 @@ void BiasRelu(float* h, const float* b, int64_t n, cudaStream_t s) {
 void ThresholdCompact(const float* logits, const float* b2, const int32_t* table, int64_t n,
                       float threshold, int32_t* idx, int32_t* count, cudaStream_t s) {
   ThresholdCompactKernel<<<1, kCompactThreads, 0, s>>>(logits, b2, table, n, threshold, idx, count);
+}
+
+void SplitCompact(const float* logits, const float* b2, const int32_t* compact_of, int64_t n,
+                  float threshold, int32_t* dev_idx, int32_t* dev_count, int32_t* host_idx,
+                  int32_t* host_count, cudaStream_t s) {
+  SplitCompactKernel<<<1, kCompactThreads, 0, s>>>(logits, b2, compact_of, n, threshold, dev_idx,
+                                                   dev_count, host_idx, host_count);
 }
 
 void Iota(int32_t* idx, int64_t n, int32_t* count, cudaStream_t s) {

@@ -7,6 +7,9 @@ namespace {
 class Cuda : public Device {
  public:
   absl::StatusOr<DeviceInfo> Probe(int index) const override { return gpu::Probe(index); }
+  absl::StatusOr<std::unique_ptr<Queue>> CreateQueue(int index) const override {
+    return CreateCudaQueue(index);
+  }
   absl::StatusOr<std::unique_ptr<GpuLayers>> CreateLayers(
       const GpuLayersSpec& spec) const override {
     return CreateGpuLayers(spec);

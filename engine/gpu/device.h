@@ -11,12 +11,15 @@
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/gpu/gpu_layers.h"
+#include "engine/gpu/queue.h"
 
 namespace thermocline::gpu {
 
 class Device {
  public:
   virtual ~Device() = default;
+  // A queue on device `index`: pass it to the specs of one session's layers and FFN executor.
+  virtual absl::StatusOr<std::unique_ptr<Queue>> CreateQueue(int index) const = 0;
   // The device's name and free memory, or why there is none (UnavailableError).
   virtual absl::StatusOr<DeviceInfo> Probe(int index) const = 0;
   virtual absl::StatusOr<std::unique_ptr<GpuLayers>> CreateLayers(

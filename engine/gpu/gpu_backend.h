@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/gpu/queue.h"
 #include "engine/ops/ggml_types.h"
 
 namespace thermocline::gpu {
@@ -29,6 +31,9 @@ bool CudaCompiledIn();
 //   installed, or no device is visible (CUDA_VISIBLE_DEVICES), and NotFoundError for an index
 //   past the last device.
 absl::StatusOr<DeviceInfo> Probe(int index = 0);
+
+// A CUDA stream on device `index` behind the queue interface (engine/gpu/queue.h).
+absl::StatusOr<std::unique_ptr<Queue>> CreateCudaQueue(int index);
 
 // Whether a [cuda] test or benchmark can run here: Probe(0).ok().
 bool DeviceAvailable();

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/gpu/gpu_memory.h"
+#include "engine/gpu/queue.h"
 #include "engine/model/hparams.h"
 #include "engine/ops/matmul.h"
 
@@ -29,7 +30,8 @@ struct GpuFfnLayerSpec {
   // The neurons on the GPU: compact row k holds neuron device_neurons[k]. Distinct, < n_ff.
   absl::Span<const int32_t> device_neurons;
   // Predictor fc2(relu(fc1 xn + b1)) + b2 > threshold; rank 0: none (all device neurons, or
-  // the active set given to Launch).
+  // the active set given to Launch). With a predictor the device holds fc2's rows of every
+  // neuron: resident mode (below) predicts the host's neurons too.
   int64_t rank = 0;
   WeightView fc1;  // (rank, n_embd)
   absl::Span<const float> b1;
@@ -48,7 +50,19 @@ struct GpuFfnSpec {
   // Shared with the engine's other device parts; nullptr: a budget of memory_cap of its own.
   // Must outlive the executor.
   MemoryBudget* budget = nullptr;
+  // The session's queue (engine/gpu/queue.h), shared with its GPU layers; nullptr: one of its
+  // own. Must outlive the executor.
+  Queue* queue = nullptr;
   int device = 0;
+};
+
+// The host's half of a resident-mode layer, in host memory: valid until the next
+// EnqueueResident.
+struct HostPart {
+  const float* xn = nullptr;         // (n_embd) the FFN input after ffn_norm
+  const int32_t* active = nullptr;   // the host's neurons predicted active, ascending
+  int64_t n_active = 0;
+  float* partial = nullptr;          // (n_embd) where the host writes its partial sum
 };
 
 class GpuFfnExecutor {
@@ -68,6 +82,22 @@ class GpuFfnExecutor {
 
   // Device bytes held (weights + scratch), within the cap.
   virtual uint64_t device_bytes() const = 0;
+
+  // ---- Resident mode: a hybrid layer of GPU layers on the same queue, its xn on the device ----
+  // Per token and layer, the GPU layers call, in this order:
+  //   EnqueueResident(layer, xn, x): on the queue, the predictor over every neuron of the layer
+  //     (needs one: rank > 0, else every neuron is active), then one copy of xn and of the host
+  //     neurons predicted active to host memory, then the device part's FFN added into the
+  //     residual x. xn, x: (n_embd) in the device's memory. Returns at once.
+  //   WaitHostPart(): blocks until that copy has landed (the one host sync of the layer) and
+  //     returns the host's half; the device part runs on meanwhile.
+  //   EnqueueAddHostPart(x): on the queue, x += the partial sum the host wrote into
+  //     HostPart::partial (one copy up). Returns at once; the next WaitHostPart (or the queue's
+  //     end of the token) orders it before the buffer is written again.
+  // Only the host's partial sum crosses back; the residual never leaves the device.
+  virtual absl::Status EnqueueResident(int layer, const float* xn, float* x) = 0;
+  virtual absl::StatusOr<HostPart> WaitHostPart() = 0;
+  virtual absl::Status EnqueueAddHostPart(float* x) = 0;
 };
 
 // Uploads every layer's device part. UnavailableError without a CUDA device,

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/gpu/gpu_memory.h"
+#include "engine/gpu/queue.h"
 #include "engine/model/ffn_backend.h"
 #include "engine/model/layer_backend.h"
 #include "engine/model/llama_model.h"
@@ -26,9 +28,15 @@ struct GpuLayersSpec {
   int64_t n_ctx = 0;            // the session's KV cache length
   int64_t max_batch = 1;        // the session's tokens per forward pass
   // nullptr: the FFN of a GPU layer runs dense on the GPU. Otherwise it runs through this host
-  // backend (the layer's x and xn go to the host once, the FFN output comes back once): the
-  // hybrid layer. Must outlive the GpuLayers.
+  // backend: the hybrid layer. With device_ffn (the same backend's executor on this device and
+  // queue) the layer runs it in resident mode (gpu_ffn_executor.h): the device predicts, computes
+  // its neurons into the residual and hands the host its active neurons and xn; the host's
+  // partial sum alone comes back (host_ffn->ForwardListed). Without it, x and xn go to the host
+  // and the host FFN's output comes back. Both must outlive the GpuLayers.
   FfnBackend* host_ffn = nullptr;
+  GpuFfnExecutor* device_ffn = nullptr;
+  // The session's queue (engine/gpu/queue.h); nullptr: one of the layers' own.
+  Queue* queue = nullptr;
   uint64_t memory_cap = MemoryBudget::kUnlimited;
   // The budget the layers' device memory is reserved in, shared with the other device parts of
   // the same engine (engine/runtime/engine.h); nullptr: a budget of memory_cap of their own.

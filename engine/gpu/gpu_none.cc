@@ -17,6 +17,7 @@ absl::Status NoCuda() {
 bool CudaCompiledIn() { return false; }
 absl::StatusOr<DeviceInfo> Probe(int index) { return NoCuda(); }
 bool DeviceAvailable() { return false; }
+absl::StatusOr<std::unique_ptr<Queue>> CreateCudaQueue(int index) { return NoCuda(); }
 bool TypeSupported(GgmlType type) { return false; }
 
 absl::StatusOr<std::unique_ptr<GpuFfnExecutor>> CreateGpuFfnExecutor(const GpuFfnSpec& spec) {

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+
 namespace thermocline {
 
 class FfnBackend {
@@ -15,6 +17,15 @@ class FfnBackend {
   // Called from the session's thread; the backend may use its own threads. Must not allocate.
   virtual void Forward(int layer, const float* x, const float* xn, int64_t n_tokens,
                        float* out) = 0;
+
+  // The host's part of a hybrid layer whose device already predicted the active neurons and
+  // computes its own part: out: (n_embd) = the FFN over `active` (n_active neuron ids in the
+  // backend's numbering, ascending) only, for one token of xn: (n_embd). Unimplemented unless
+  // the backend splits with a device.
+  virtual absl::Status ForwardListed(int layer, const float* xn, const int32_t* active,
+                                     int64_t n_active, float* out) {
+    return absl::UnimplementedError("this FFN backend has no host part of a hybrid layer");
+  }
 };
 
 }  // namespace thermocline

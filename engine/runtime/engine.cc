@@ -164,7 +164,7 @@ absl::Status Engine::PlanDevice() {
   return absl::OkStatus();
 }
 
-SparseFfnOptions Engine::FfnOptions(bool on_device) const {
+SparseFfnOptions Engine::FfnOptions(bool on_device, gpu::Queue* queue) const {
   SparseFfnOptions o;
   o.oracle = plan_->oracle;
   o.dense_prefill = options_.dense_prefill;
@@ -173,6 +173,7 @@ SparseFfnOptions Engine::FfnOptions(bool on_device) const {
     o.gpu_budget = budget_.get();
     o.gpu_memory = budget_->cap();
     o.device = &device();
+    o.gpu_queue = queue;
   }
   return o;
 }
@@ -200,7 +201,7 @@ absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* po
   }
   if (weights_ != nullptr) {
     absl::StatusOr<std::unique_ptr<SparseFfn>> ffn =
-        SparseFfn::Create(weights_, pool, FfnOptions(/*on_device=*/false));
+        SparseFfn::Create(weights_, pool, FfnOptions(/*on_device=*/false, nullptr));
     if (!ffn.ok()) return ffn.status();
     s->sparse_ = *std::move(ffn);
     s->sparse_->set_session(s->session_.get());
@@ -215,9 +216,18 @@ absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* po
 
 absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
   EnginePlacement& p = s->placement_;
+  // One queue for the session's device work: its layers and its FFN executor.
+  absl::StatusOr<std::unique_ptr<gpu::Queue>> queue = device().CreateQueue(options_.device_index);
+  if (!queue.ok()) {
+    p.note = absl::StrCat("no device queue: ", queue.status().message(),
+                          "; this session runs on the CPU");
+    return absl::OkStatus();
+  }
+  s->queue_ = *std::move(queue);
   if (whole_layers_) {
     gpu::GpuLayersSpec spec = layers_spec_;
     spec.budget = budget_.get();
+    spec.queue = s->queue_.get();
     absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> layers = device().CreateLayers(spec);
     if (!layers.ok()) {
       if (!absl::IsResourceExhausted(layers.status()) && !absl::IsUnavailable(layers.status())) {
@@ -244,6 +254,7 @@ absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
     if (!with_attention && !neurons_on_device) break;
     gpu::GpuLayersSpec spec = layers_spec_;
     spec.budget = budget_.get();
+    spec.queue = s->queue_.get();
     HostFfnPlaceholder placeholder;
     spec.host_ffn = &placeholder;
     const uint64_t layer_bytes =
@@ -257,7 +268,7 @@ absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
       }
     }
     absl::StatusOr<std::unique_ptr<SparseFfn>> ffn =
-        SparseFfn::Create(weights_, pool, FfnOptions(neurons_on_device));
+        SparseFfn::Create(weights_, pool, FfnOptions(neurons_on_device, s->queue_.get()));
     if (layer_bytes > 0) budget_->Release(layer_bytes);
     if (!ffn.ok()) {
       if (!absl::IsResourceExhausted(ffn.status())) return ffn.status();
@@ -271,6 +282,8 @@ absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
     std::unique_ptr<gpu::GpuLayers> layers;
     if (with_attention) {
       spec.host_ffn = ffn->get();
+      // Resident: the layers drive the FFN's device part on the same queue.
+      spec.device_ffn = (*ffn)->gpu_executor();
       absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> l = device().CreateLayers(spec);
       if (!l.ok()) {
         if (!absl::IsResourceExhausted(l.status()) && !absl::IsInvalidArgument(l.status())) {

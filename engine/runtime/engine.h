@@ -120,7 +120,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
          int64_t n_ctx);
   absl::Status PlanDevice();
   const gpu::Device& device() const;
-  SparseFfnOptions FfnOptions(bool on_device) const;
+  SparseFfnOptions FfnOptions(bool on_device, gpu::Queue* queue) const;
   // The device parts of `s` as planned, falling back (attention dropped, then the device) when
   // the budget cannot hold them; what it got in s->placement_.
   absl::Status AttachDevice(EngineSession* s, ThreadPool* pool) const;
@@ -165,6 +165,7 @@ class EngineSession {
   friend class Engine;
   EngineSession() = default;
   std::shared_ptr<const Engine> engine_;  // first: freed last
+  std::unique_ptr<gpu::Queue> queue_;     // the order of its device work; outlives its users
   std::unique_ptr<Session> session_;
   std::unique_ptr<SparseFfn> sparse_;
   std::unique_ptr<gpu::GpuLayers> layers_;  // after sparse_: may call it, freed first

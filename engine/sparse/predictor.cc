@@ -6,13 +6,6 @@
 #include "engine/sparse/sparse_ops.h"
 
 namespace thermocline {
-namespace {
-
-// Slices of PredictAll start on multiples of this (a whole number of any type's blocks).
-constexpr int64_t kSliceAlign = 256;
-
-}  // namespace
-
 void PredictHidden(ThreadPool& pool, const PredictorView& p, const float* xn, float* fc1_out,
                    PredictorHidden* hidden, MatMulScratch& scratch) {
   hidden->n = 0;
@@ -34,38 +27,16 @@ int64_t PredictSlots(Isa isa, const PredictorView& p, const PredictorHidden& hid
     for (int64_t s = begin; s < end; ++s) active[n++] = static_cast<int32_t>(s);
     return n;
   }
-  std::fill(logits, logits + (end - begin), 0.0f);
-  SparseAxpyRows(isa, *p.fc2_t, begin, end - begin, hidden.idx, hidden.value, hidden.n, logits);
+  // fc2ᵀ's rows are read in whole blocks of its type.
+  const int64_t block = TypeInfo(p.fc2_t->type).block_size;
+  const int64_t from = begin / block * block;
+  std::fill(logits + from, logits + end, 0.0f);
+  SparseAxpyRows(isa, *p.fc2_t, from, end - from, hidden.idx, hidden.value, hidden.n,
+                 logits + from);
   const float thr = p.threshold;
   const float* b2 = p.b2;
   for (int64_t s = begin; s < end; ++s) {
-    if (logits[s - begin] + b2[s] > thr) active[n++] = static_cast<int32_t>(s);
-  }
-  return n;
-}
-
-int64_t PredictAll(ThreadPool& pool, Isa isa, const PredictorView& p,
-                   const PredictorHidden& hidden, int64_t n_ff, float* logits, int32_t* active) {
-  const int parts = pool.size();
-  const int64_t per = (n_ff / parts + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
-  constexpr int kMaxParts = 64;
-  int64_t count[kMaxParts] = {};
-  if (parts > kMaxParts || per == 0 || p.rank == 0) {
-    return PredictSlots(isa, p, hidden, 0, n_ff, logits, active);
-  }
-  // Each part writes its slots at its slice's own offset; the lists are packed after.
-  pool.Run([&](int part) {
-    const int64_t begin = std::min(n_ff, part * per);
-    const int64_t end = part + 1 == parts ? n_ff : std::min(n_ff, begin + per);
-    if (begin < end) {
-      count[part] = PredictSlots(isa, p, hidden, begin, end, logits + begin, active + begin);
-    }
-  });
-  int64_t n = count[0];
-  for (int part = 1; part < parts; ++part) {
-    const int64_t begin = std::min(n_ff, part * per);
-    std::copy_n(active + begin, count[part], active + n);
-    n += count[part];
+    if (logits[s] + b2[s] > thr) active[n++] = static_cast<int32_t>(s);
   }
   return n;
 }

@@ -2,8 +2,8 @@
 //   active(slot) = fc2ᵀ[:, slot] · relu(fc1 · xn + b1) + b2[slot] > threshold,
 // with fc2 stored transposed, (rank, n_ff) in slot order (SparseWeights), so that fc2 becomes an
 // axpy over the rows of the hidden units that relu left nonzero, and any slice of slots can be
-// predicted alone: the fused path predicts each chunk it claims, the split path all slots at once.
-// The device path reads the same plan (fc1, b1, fc2, b2, threshold) into its executor.
+// predicted alone: the fused path predicts each chunk it claims. The device part reads the same
+// plan (fc1, b1, fc2 in slot order, b2, threshold) into its executor.
 #pragma once
 
 #include <cstdint>
@@ -37,14 +37,10 @@ void PredictHidden(ThreadPool& pool, const PredictorView& p, const float* xn,
                    float* fc1_out, PredictorHidden* hidden, MatMulScratch& scratch);
 
 // Step 2 for the slots [begin, end), on the calling thread: writes the predicted-active ones, in
-// ascending order, to active and returns how many. logits: (end - begin) scratch. begin and end:
-// multiples of fc2_t's block size (end may be n_ff).
+// ascending order, to active and returns how many. logits: (n_ff) scratch indexed by slot; the
+// call writes [begin, end) and, when begin is not on a block of fc2_t's type, the slots from the
+// block's start (which the caller's other slices must not be using: the device part's slots).
 int64_t PredictSlots(Isa isa, const PredictorView& p, const PredictorHidden& hidden,
                      int64_t begin, int64_t end, float* logits, int32_t* active);
-
-// Step 2 for every slot, split over the pool: active (n_ff) in ascending order; returns how many.
-// logits: (n_ff) scratch.
-int64_t PredictAll(ThreadPool& pool, Isa isa, const PredictorView& p,
-                   const PredictorHidden& hidden, int64_t n_ff, float* logits, int32_t* active);
 
 }  // namespace thermocline

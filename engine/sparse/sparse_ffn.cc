@@ -87,16 +87,19 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
     const SparseLayerPlan& p = w->plan_[l];
     const LayerWeights& L = model.layers()[l];
     Layer y;
-    // Hottest first; ties (and a plan without a profile) keep the model's order.
+    // The placement's device neurons first, then the rest; hottest first within each; ties (and
+    // a plan without a profile) keep the model's order. The device part is then the slots
+    // [0, n_device) and the host's a contiguous range after it.
+    std::vector<uint8_t> device(h.n_ff, 0);
+    for (int32_t i : p.device_neurons) device[i] = 1;
+    y.n_device = std::count(device.begin(), device.end(), 1);
     y.neuron_of.resize(h.n_ff);
     for (int32_t i = 0; i < h.n_ff; ++i) y.neuron_of[i] = i;
-    if (!p.fire_count.empty()) {
-      std::stable_sort(y.neuron_of.begin(), y.neuron_of.end(),
-                       [&](int32_t a, int32_t b) { return p.fire_count[a] > p.fire_count[b]; });
-    }
+    std::stable_sort(y.neuron_of.begin(), y.neuron_of.end(), [&](int32_t a, int32_t b) {
+      if (device[a] != device[b]) return device[a] > device[b];
+      return !p.fire_count.empty() && p.fire_count[a] > p.fire_count[b];
+    });
     const int32_t* order = y.neuron_of.data();
-    std::vector<int32_t> slot_of(h.n_ff);
-    for (int32_t s = 0; s < h.n_ff; ++s) slot_of[order[s]] = s;
     // A neuron's gate and up rows side by side where they share a type: what the hardware
     // prefetcher streams past the end of a gate row is then its up row, needed when the gate
     // fires, not the next neuron's gate row. 1.1B synthetic model, 2 threads, 7 alternating
@@ -126,8 +129,6 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
       y.b2.resize(h.n_ff);
       for (int32_t s = 0; s < h.n_ff; ++s) y.b2[s] = p.b2[order[s]];
     }
-    y.on_device.assign(h.n_ff, 0);
-    for (int32_t i : p.device_neurons) y.on_device[slot_of[i]] = 1;
     w->layers_.push_back(std::move(y));
   }
   return std::shared_ptr<const SparseWeights>(std::move(w));
@@ -170,19 +171,32 @@ absl::Status SparseFfn::StartGpu() {
   spec.activation = h.activation;
   spec.memory_cap = options_.gpu_memory;
   spec.budget = options_.gpu_budget;
-  std::vector<std::vector<int32_t>> device_slots(plan().size());  // read while uploading
+  spec.queue = options_.gpu_queue;
+  // Read while the executor uploads: the device slots and fc2 in slot order.
+  std::vector<std::vector<int32_t>> device_slots(plan().size());
+  std::vector<OwnedWeight> fc2_slots(plan().size());
   for (size_t l = 0; l < plan().size(); ++l) {
+    const SparseLayerPlan& p = plan()[l];
     const SparseWeights::Layer& y = weights_->layer(static_cast<int>(l));
     gpu::GpuFfnLayerSpec layer;
     layer.gate = y.gate;
     layer.up = y.up;
     layer.down_t = y.down_t.view;
-    for (int32_t s = 0; s < h.n_ff; ++s) {
-      if (y.on_device[s]) device_slots[l].push_back(s);
-    }
+    device_slots[l].resize(y.n_device);
+    for (int32_t s = 0; s < y.n_device; ++s) device_slots[l][s] = s;
     layer.device_neurons = device_slots[l];
-    layer.magnitude_threshold = plan()[l].magnitude_threshold;
-    spec.layers.push_back(layer);  // the host picks the active set: no predictor on the GPU
+    layer.magnitude_threshold = p.magnitude_threshold;
+    if (p.rank > 0 && y.n_device > 0 && !options_.oracle) {
+      // The predictor on the device: it picks its own neurons, and in resident mode the host's.
+      fc2_slots[l] = GatherRows(*pool_, p.fc2.view, y.neuron_of.data(), h.n_ff);
+      layer.rank = p.rank;
+      layer.fc1 = p.fc1.view;
+      layer.b1 = p.b1;
+      layer.fc2 = fc2_slots[l].view;
+      layer.b2 = y.b2;
+      layer.threshold = p.threshold;
+    }
+    spec.layers.push_back(layer);
   }
   const gpu::Device& device = options_.device != nullptr ? *options_.device : gpu::CudaDevice();
   absl::StatusOr<std::unique_ptr<gpu::GpuFfnExecutor>> e = device.CreateFfnExecutor(spec);
@@ -190,11 +204,17 @@ absl::Status SparseFfn::StartGpu() {
     gpu_ = *std::move(e);
     gpu_status_ = absl::OkStatus();
   } else if (absl::IsUnavailable(e.status())) {
-    gpu_status_ = e.status();  // no device: the device part runs on the CPU executor
+    gpu_status_ = e.status();  // no device: the device part runs on the CPU
   } else {
     return e.status();
   }
   return absl::OkStatus();
+}
+
+void SparseFfn::LoseGpu(const absl::Status& why) {
+  gpu_status_ = absl::Status(why.code(), absl::StrCat("the device part failed and runs on the CPU "
+                                                      "from now on: ", why.message()));
+  gpu_failed_ = true;  // the executor stays: GPU layers in resident mode may hold it
 }
 
 SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* pool,
@@ -212,7 +232,7 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
   x_up_.resize(max_conv);
   hidden_.resize(std::max<int64_t>(max_rank, 1));
   logits_.resize(h.n_ff);
-  predicted_.resize(h.n_ff);
+  device_out_.resize(h.n_embd);
   for (size_t l = 0; l < plan().size(); ++l) {
     const SparseLayerPlan& p = plan()[l];
     const SparseWeights::Layer& y = weights_->layer(static_cast<int>(l));
@@ -229,12 +249,12 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
   dense_up_.resize(h.n_ff);
   matmul_scratch_.Reserve(1, std::max(h.n_embd, std::max<int64_t>(max_rank, 1)));
   host_ = std::make_unique<Executor>(pool_, h.n_embd, h.n_ff);
+  device_ = std::make_unique<Executor>(pool_, h.n_embd, h.n_ff);
   hidden_idx_.resize(std::max<int64_t>(max_rank, 1));
   hidden_val_.resize(std::max<int64_t>(max_rank, 1));
   hidden_nz_.idx = hidden_idx_.data();
   hidden_nz_.value = hidden_val_.data();
-  const int n_lanes = pool_->size();
-  lanes_.resize(n_lanes);
+  lanes_.resize(pool_->size());
   for (Lane& lane : lanes_) {
     lane.idx.resize(h.n_ff);
     lane.gate.resize(h.n_ff);
@@ -243,6 +263,11 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
     lane.seen_predicted.resize(h.n_ff);
     lane.seen_up.resize(h.n_ff);
   }
+  all_chunks_ = PlanChunks(/*after_device_part=*/false);
+  host_chunks_ = PlanChunks(/*after_device_part=*/true);
+}
+
+std::vector<SparseFfn::ChunkBounds> SparseFfn::PlanChunks(bool after_device_part) const {
   // Chunks that the threads claim as they come (a token's active set varies, and a static split
   // waited ≈ 20 µs per layer for the slower half), in guided sizes: each 1 / (2 · threads) of
   // the expected work left, down to kMinChunkWork of it, so that the last ones are short and the
@@ -253,18 +278,29 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
   // quantized fc2ᵀ row starts on a block.
   constexpr int64_t kChunkAlign = 64;
   constexpr double kMinChunkWork = 0.025;
+  const LlamaHparams& h = model_.hparams();
+  const int n_lanes = static_cast<int>(lanes_.size());
+  std::vector<ChunkBounds> out;
   for (size_t l = 0; l < plan().size(); ++l) {
     const std::vector<int32_t>& count = plan()[l].fire_count;
-    const std::vector<int32_t>& neuron_of = weights_->layer(static_cast<int>(l)).neuron_of;
+    const SparseWeights::Layer& y = weights_->layer(static_cast<int>(l));
+    // The host's slots start after the device part, on a block (the few device slots before
+    // the boundary are skipped there by the chunk's own bound).
+    const int64_t first = after_device_part ? y.n_device : 0;
     std::vector<double> cum(h.n_ff + 1, 0.0);
     double mean = 0;
     for (int32_t c : count) mean += c;
     mean = count.empty() ? 1.0 : mean / h.n_ff;
     for (int64_t s = 0; s < h.n_ff; ++s) {
-      const double c = count.empty() ? 1.0 : count[neuron_of[s]];
-      cum[s + 1] = cum[s] + c + mean;
+      const double c = s < first ? 0.0 : (count.empty() ? 1.0 : count[y.neuron_of[s]]) + mean;
+      cum[s + 1] = cum[s] + c;
     }
-    std::vector<int64_t> bounds = {0};
+    ChunkBounds bounds = {first};
+    if (first >= h.n_ff || cum[h.n_ff] == 0) {
+      bounds.push_back(h.n_ff);
+      out.push_back(std::move(bounds));
+      continue;
+    }
     for (double done = 0; bounds.back() < h.n_ff;) {
       done += std::max(kMinChunkWork, (1.0 - done) / (2 * n_lanes));
       int64_t b = std::lower_bound(cum.begin(), cum.end(), cum[h.n_ff] * done) - cum.begin();
@@ -272,13 +308,9 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
       b = std::min<int64_t>(b, h.n_ff);
       if (b > bounds.back()) bounds.push_back(b);  // empty chunks dropped
     }
-    chunk_bounds_.push_back(std::move(bounds));
+    out.push_back(std::move(bounds));
   }
-  if (options_.split || options_.gpu) {
-    device_pool_ = std::make_unique<ThreadPool>(std::max(1, options_.device_threads));
-    dispatch_pool_ = std::make_unique<ThreadPool>(2);
-    device_ = std::make_unique<Executor>(device_pool_.get(), h.n_embd, h.n_ff);
-  }
+  return out;
 }
 
 SparseFfn::~SparseFfn() = default;
@@ -292,12 +324,62 @@ void SparseFfn::Forward(int layer, const float* x, const float* xn, int64_t n_to
   for (int64_t t = 0; t < n_tokens; ++t) ForwardToken(layer, xn + t * d, out + t * d);
 }
 
-void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
+void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
+  if (options_.oracle) {
+    ForwardTokenOracle(layer, xn, out, /*host_only=*/false);
+    return;
+  }
+  const int64_t n_embd = model_.hparams().n_embd;
+  if (!device_part() || weights_->layer(layer).n_device == 0) {
+    ForwardTokenFused(layer, xn, out, all_chunks_, nullptr, 0);
+    return;
+  }
+  // The device predicts and computes its slots while the pool takes the host's through the
+  // fused path; only the device's partial sum comes back.
+  absl::Status st = gpu_->Launch(layer, xn, nullptr, 0);
+  if (!st.ok()) {
+    LoseGpu(st);
+    ForwardTokenFused(layer, xn, out, all_chunks_, nullptr, 0);
+    return;
+  }
+  ForwardTokenFused(layer, xn, out, host_chunks_, nullptr, 0);
+  int64_t predicted = 0, fired = 0;
+  st = gpu_->Wait(device_out_.data(), &predicted, &fired);
+  if (!st.ok()) {
+    LoseGpu(st);
+    ForwardTokenFused(layer, xn, out, all_chunks_, nullptr, 0);  // the whole layer again
+    return;
+  }
+  for (int64_t i = 0; i < n_embd; ++i) out[i] += device_out_[i];
+  stats_.predicted += static_cast<double>(predicted);
+  stats_.fired += static_cast<double>(fired);
+}
+
+absl::Status SparseFfn::ForwardListed(int layer, const float* xn, const int32_t* active,
+                                      int64_t n_active, float* out) {
+  if (layer < 0 || layer >= static_cast<int>(plan().size()) || n_active < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse FFN: layer ", layer, ", ", n_active,
+                                                   " listed neurons"));
+  }
+  if (options_.oracle) {
+    ForwardTokenOracle(layer, xn, out, /*host_only=*/true);  // the exact set of the host's slots
+    return absl::OkStatus();
+  }
+  ForwardTokenFused(layer, xn, out, host_chunks_, active, n_active);
+  return absl::OkStatus();
+}
+
+void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out,
+                                  const std::vector<ChunkBounds>& chunks, const int32_t* listed,
+                                  int64_t n_listed) {
   const auto t0 = std::chrono::steady_clock::now();
   const LlamaHparams& h = model_.hparams();
   const SparseWeights::Layer& y = weights_->layer(layer);
-  const SparseLayerPlan& p = plan()[layer];
-  PredictHidden(*pool_, predictors_[layer], xn, hidden_.data(), &hidden_nz_, matmul_scratch_);
+  listed_ = listed;
+  n_listed_ = n_listed;
+  if (listed == nullptr) {
+    PredictHidden(*pool_, predictors_[layer], xn, hidden_.data(), &hidden_nz_, matmul_scratch_);
+  }
   const auto t1 = std::chrono::steady_clock::now();
   PrepareActivations(y.gate.type, isa_, xn, h.n_embd, x_gate_.data());
   if (y.up.type != y.gate.type) {
@@ -305,7 +387,8 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
   }
   next_chunk_.store(0, std::memory_order_relaxed);
   if (observer_ != nullptr) observer_->OnLayer(layer);
-  pool_->Run([&](int lane) { RunLane(layer, lane); });
+  const ChunkBounds& bounds = chunks[layer];
+  pool_->Run([&](int lane) { RunLane(layer, lane, bounds); });
   std::copy_n(lanes_[0].acc.data(), h.n_embd, out);
   for (size_t k = 1; k < lanes_.size(); ++k) {
     const float* acc = lanes_[k].acc.data();
@@ -319,16 +402,18 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out) {
   }
   // fc1 before the lanes, fc2 and the threshold inside lane 0's chunks (the others run
   // alongside).
-  stats_.predictor_s += p.rank > 0 ? Seconds(t0, t1) + lanes_[0].predictor_s : 0.0;
+  const bool predicted_here = listed == nullptr && plan()[layer].rank > 0;
+  stats_.predictor_s += predicted_here ? Seconds(t0, t1) + lanes_[0].predictor_s : 0.0;
   stats_.total_s += Seconds(t0, t2);
+  listed_ = nullptr;
+  n_listed_ = 0;
 }
 
-void SparseFfn::RunLane(int layer, int lane_index) {
+void SparseFfn::RunLane(int layer, int lane_index, const ChunkBounds& bounds) {
   Lane& lane = lanes_[lane_index];
   lane.predicted = lane.fired = 0;
   lane.predictor_s = 0;
   std::fill(lane.acc.begin(), lane.acc.end(), 0.0f);
-  const std::vector<int64_t>& bounds = chunk_bounds_[layer];
   const int n_chunks = static_cast<int>(bounds.size()) - 1;
   for (int c = next_chunk_.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
        c = next_chunk_.fetch_add(1, std::memory_order_relaxed)) {
@@ -344,9 +429,17 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool
   int32_t* idx = lane.idx.data();
   float* gate = lane.gate.data();
   float* up = lane.up.data();
-  // This chunk's logits: fc2ᵀ rows of the hidden units that fired, restricted to its slots.
-  int64_t n = PredictSlots(isa_, predictors_[layer], hidden_nz_, begin, end,
-                           logits_.data() + begin, idx);
+  int64_t n = 0;
+  if (listed_ != nullptr) {
+    // The listed slots of this chunk (the list is ascending).
+    const int32_t* from = std::lower_bound(listed_, listed_ + n_listed_, begin);
+    const int32_t* to = std::lower_bound(from, listed_ + n_listed_, end);
+    n = to - from;
+    std::copy(from, to, idx);
+  } else {
+    // This chunk's logits: fc2ᵀ rows of the hidden units that fired, restricted to its slots.
+    n = PredictSlots(isa_, predictors_[layer], hidden_nz_, begin, end, logits_.data(), idx);
+  }
   if (time_it) lane.predictor_s += Seconds(t0, std::chrono::steady_clock::now());
   lane.predicted += n;
   const int64_t n_predicted = n;
@@ -373,115 +466,53 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool
   SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, gate, m, lane.acc.data());
 }
 
-void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
-  if (!options_.oracle && device_ == nullptr) {
-    ForwardTokenFused(layer, xn, out);
-    return;
-  }
+void SparseFfn::ForwardTokenOracle(int layer, const float* xn, float* out, bool host_only) {
   const auto t0 = std::chrono::steady_clock::now();
   const LlamaHparams& h = model_.hparams();
   const SparseWeights::Layer& y = weights_->layer(layer);
   const SparseLayerPlan& p = plan()[layer];
-  const uint8_t* dev = y.on_device.data();
+  // Exact active set: dense gate/up, the slots whose activation passes the threshold, split
+  // between the device part (slots [0, n_device)) and the host.
+  MatMul(*pool_, y.gate, xn, 1, dense_gate_.data(), matmul_scratch_);
+  MatMul(*pool_, y.up, xn, 1, dense_up_.data(), matmul_scratch_);
+  GatedActivation(h.activation, dense_gate_.data(), dense_up_.data(), h.n_ff);
+  const bool split = (host_only || device_part()) && y.n_device > 0;
   Executor& host = *host_;
-  Executor* device = device_ ? device_.get() : nullptr;
+  Executor& device = *device_;
   int64_t n_host = 0, n_dev = 0;
-  auto add = [&](int32_t i, float act, bool have_act) {
-    Executor& e = (device != nullptr && dev[i]) ? *device : host;
-    int64_t& n = (&e == &host) ? n_host : n_dev;
-    e.idx[n] = i;
-    if (have_act) e.gate[n] = act;
-    ++n;
-  };
-  const bool have_act = options_.oracle;
-  if (options_.oracle) {
-    // Exact active set: dense gate/up, neurons whose activation passes the threshold.
-    MatMul(*pool_, y.gate, xn, 1, dense_gate_.data(), matmul_scratch_);
-    MatMul(*pool_, y.up, xn, 1, dense_up_.data(), matmul_scratch_);
-    GatedActivation(h.activation, dense_gate_.data(), dense_up_.data(), h.n_ff);
-    for (int64_t i = 0; i < h.n_ff; ++i) {
-      if (std::fabs(dense_gate_[i]) > p.magnitude_threshold) add(i, dense_gate_[i], true);
-    }
-  } else if (p.rank > 0) {
-    PredictHidden(*pool_, predictors_[layer], xn, hidden_.data(), &hidden_nz_, matmul_scratch_);
-    const int64_t n = PredictAll(*pool_, isa_, predictors_[layer], hidden_nz_, h.n_ff,
-                                 logits_.data(), predicted_.data());
-    for (int64_t j = 0; j < n; ++j) add(predicted_[j], 0.0f, false);
-  } else {
-    for (int64_t i = 0; i < h.n_ff; ++i) add(static_cast<int32_t>(i), 0.0f, false);
+  for (int32_t s = 0; s < h.n_ff; ++s) {
+    const float a = dense_gate_[s];
+    if (a == 0.0f || std::fabs(a) <= p.magnitude_threshold) continue;
+    if (host_only && s < y.n_device) continue;  // the device computes its own part
+    Executor& e = split && s < y.n_device ? device : host;
+    int64_t& n = &e == &host ? n_host : n_dev;
+    e.idx[n] = s;
+    e.gate[n++] = a;
   }
-  const auto t1 = std::chrono::steady_clock::now();
-  if (!have_act) {
-    // xn prepared once per layer (once for both when gate and up share a type), shared
-    // read-only by both executors.
-    PrepareActivations(y.gate.type, isa_, xn, h.n_embd, x_gate_.data());
-    if (y.up.type != y.gate.type) {
-      PrepareActivations(y.up.type, isa_, xn, h.n_embd, x_up_.data());
-    }
-  }
-  if (gpu_ != nullptr && n_dev > 0) {
-    // The GPU computes the device part while this thread's pool computes the host part.
-    absl::Status st = gpu_->Launch(layer, xn, device->idx.data(), n_dev);
-    RunPart(layer, host, n_host, have_act);
+  if (split && n_dev > 0 && !host_only) {
+    absl::Status st = gpu_->Launch(layer, xn, device.idx.data(), n_dev);
+    RunPart(layer, host, n_host);
     int64_t predicted = 0, fired = 0;
-    if (st.ok()) st = gpu_->Wait(device->out.data(), &predicted, &fired);
-    if (st.ok()) {
-      device->fired = fired;
-    } else {
-      RunPart(layer, *device, n_dev, have_act);  // a failed launch falls back to the CPU
+    if (st.ok()) st = gpu_->Wait(device.out.data(), &predicted, &fired);
+    if (!st.ok()) {
+      LoseGpu(st);
+      RunPart(layer, device, n_dev);
     }
-    for (int64_t i = 0; i < h.n_embd; ++i) out[i] = host.out[i] + device->out[i];
-  } else if (device != nullptr && n_dev > 0) {
-    dispatch_pool_->Run([&](int thread) {
-      if (thread == 0) {
-        RunPart(layer, host, n_host, have_act);
-      } else {
-        RunPart(layer, *device, n_dev, have_act);
-      }
-    });
-    for (int64_t i = 0; i < h.n_embd; ++i) out[i] = host.out[i] + device->out[i];
+    for (int64_t i = 0; i < h.n_embd; ++i) out[i] = host.out[i] + device.out[i];
   } else {
-    RunPart(layer, host, n_host, have_act);
+    RunPart(layer, host, n_host);
     std::copy_n(host.out.data(), h.n_embd, out);
   }
-  const auto t2 = std::chrono::steady_clock::now();
   stats_.layer_tokens += 1;
   stats_.predicted += static_cast<double>(n_host + n_dev);
-  stats_.fired += static_cast<double>(host.fired + (device ? device->fired : 0));
-  if (device) device->fired = 0;
-  stats_.predictor_s += options_.oracle ? 0.0 : Seconds(t0, t1);
-  stats_.total_s += Seconds(t0, t2);
+  stats_.fired += static_cast<double>(n_host + n_dev);
+  stats_.total_s += Seconds(t0, std::chrono::steady_clock::now());
 }
 
-void SparseFfn::RunPart(int layer, Executor& e, int64_t n, bool have_act) {
+void SparseFfn::RunPart(int layer, Executor& e, int64_t n) {
   const SparseWeights::Layer& y = weights_->layer(layer);
-  const SparseLayerPlan& p = plan()[layer];
-  ThreadPool& pool = *e.pool;
-  if (!have_act) {
-    const WeightView& gate = y.gate;
-    const WeightView& up = y.up;
-    const void* x_up = up.type == gate.type ? x_gate_.data() : x_up_.data();
-    if (GateDecides(model_.hparams().activation)) {
-      // ReLU family: a neuron whose gate is <= 0 is zero whatever its up, so up (and down)
-      // rows are read only for the neurons whose gate fired.
-      SparseMatVec(pool, isa_, gate, x_gate_.data(), e.idx.data(), n, e.gate.data());
-      n = KeepWhere(e.idx.data(), e.gate.data(), n, [](float g) { return g > 0.0f; });
-      SparseMatVec(pool, isa_, up, x_up, e.idx.data(), n, e.up.data());
-    } else {
-      SparseGateUp(pool, isa_, gate, x_gate_.data(), up, x_up, e.idx.data(), n, e.gate.data(),
-                   e.up.data());
-    }
-    GatedActivation(model_.hparams().activation, e.gate.data(), e.up.data(), n);
-    // Predicted but below the magnitude threshold: dropped (SparseAxpy skips the zeros).
-    const float thr = p.magnitude_threshold;
-    for (int64_t j = 0; j < n; ++j) {
-      if (std::fabs(e.gate[j]) <= thr) e.gate[j] = 0.0f;
-    }
-  }
-  int64_t fired = 0;
-  for (int64_t j = 0; j < n; ++j) fired += e.gate[j] != 0.0f;
-  e.fired = fired;
-  SparseAxpy(pool, isa_, y.down_t.view, e.idx.data(), e.gate.data(), n, e.out.data(), e.scratch);
+  SparseAxpy(*e.pool, isa_, y.down_t.view, e.idx.data(), e.gate.data(), n, e.out.data(),
+             e.scratch);
 }
 
 double SparseFfn::NonFfnBytesPerToken() const {

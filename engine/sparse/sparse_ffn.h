@@ -31,7 +31,7 @@ namespace thermocline {
 // the profile's hottest neurons first, so that the rows that fire on most tokens are read as
 // one stream rather than scattered; the copies are on huge pages (engine/util/huge_pages.h),
 // where scattered rows cost no TLB miss each. Slot s holds neuron neuron_of[s]: active sets,
-// predictor logits and the device part are all in slot order. Gate and up rows of a neuron
+// predictor logits and the device part are all in slot order, the device part's neurons first. Gate and up rows of a neuron
 // are interleaved when they share a type. Costs the RAM of gate, up and down once more (down_t is
 // needed anyway; the model's gate and up are then read by prefill only).
 class SparseWeights {
@@ -43,7 +43,7 @@ class SparseWeights {
     OwnedWeight down_t;              // (n_ff, n_embd) down's columns as rows, slot order
     OwnedWeight fc2_t;               // (rank, n_ff) the predictor's fc2ᵀ, columns in slot order
     std::vector<float> b2;           // (n_ff) slot order
-    std::vector<uint8_t> on_device;  // (n_ff) slot order: 1 for the placement's device part
+    int64_t n_device = 0;            // the placement's device part: slots [0, n_device)
   };
 
   // Checks the plan against the model and builds every layer's copies over `pool`.
@@ -66,16 +66,17 @@ class SparseWeights {
 
 struct SparseFfnOptions {
   bool oracle = false;         // exact active set from dense gate/up instead of the predictor
-  bool split = false;          // run device_neurons on a second executor, concurrently
-  int device_threads = 1;      // threads of that executor
   bool dense_prefill = false;  // n_tokens > 1 through Session::DenseFfn (needs set_session)
-  // The device part on `device` (engine/gpu/device.h; nullptr: CUDA) under a cap of gpu_memory
-  // bytes, or in gpu_budget when given (shared with the engine's other device parts). Without
-  // a device the device part stays on the CPU (gpu_status() says why).
+  // The device part (the plan's device neurons, slots [0, n_device)) on `device`
+  // (engine/gpu/device.h; nullptr: CUDA) under a cap of gpu_memory bytes, or in gpu_budget when
+  // given (shared with the engine's other device parts), on gpu_queue when given (the session's
+  // one queue, shared with its GPU layers). Without a device the device part stays on the CPU
+  // (gpu_status() says why).
   bool gpu = false;
   uint64_t gpu_memory = ~uint64_t{0};
   gpu::MemoryBudget* gpu_budget = nullptr;
   const gpu::Device* device = nullptr;
+  gpu::Queue* gpu_queue = nullptr;
 };
 
 struct SparseFfnStats {
@@ -113,7 +114,14 @@ class SparseFfn : public FfnBackend {
       const SparseFfnOptions& options);
   ~SparseFfn() override;
 
+  // Per token: with a device part, the device predicts and computes its slots while the pool
+  // takes the host's slots through the fused path, and the two partial sums are added.
   void Forward(int layer, const float* x, const float* xn, int64_t n_tokens, float* out) override;
+  // The host's slots of a hybrid layer whose device predicted them (`active`, ascending, all
+  // >= the device part): the fused path over that list, no predictor. Oracle plans compute the
+  // exact set themselves and ignore the list.
+  absl::Status ForwardListed(int layer, const float* xn, const int32_t* active, int64_t n_active,
+                             float* out) override;
   // The session whose DenseFfn serves prefill when options.dense_prefill.
   void set_session(Session* session) { session_ = session; }
 
@@ -123,8 +131,12 @@ class SparseFfn : public FfnBackend {
   const SparseFfnStats& stats() const { return stats_; }
   void ResetStats() { stats_ = {}; }
   const SparseFfnOptions& options() const { return options_; }
-  // OK when the device part runs on the GPU; else why not (options.gpu unset, no device).
+  // OK when the device part runs on the GPU; else why not (options.gpu unset, no device, a
+  // failed launch).
   const absl::Status& gpu_status() const { return gpu_status_; }
+  // The device part's executor (GPU layers of the same session drive it in resident mode);
+  // null when the device part runs on the CPU. It lives as long as this SparseFfn.
+  gpu::GpuFfnExecutor* gpu_executor() const { return gpu_.get(); }
   // Device bytes the GPU part holds (weights and scratch, within options.gpu_memory); 0 when
   // it does not run on the GPU.
   uint64_t gpu_device_bytes() const { return gpu_ != nullptr ? gpu_->device_bytes() : 0; }
@@ -151,21 +163,34 @@ class SparseFfn : public FfnBackend {
     int64_t predicted = 0, fired = 0;
     double predictor_s = 0;
   };
+  // Chunks of one layer's slots [first, n_ff) that the lanes claim.
+  using ChunkBounds = std::vector<int64_t>;
   SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* pool,
             const SparseFfnOptions& options);
+  // Chunk bounds of every layer over its host slots (all slots, or those after the device
+  // part).
+  std::vector<ChunkBounds> PlanChunks(bool after_device_part) const;
   void ForwardToken(int layer, const float* xn, float* out);
-  // The host-only path (no device part, no oracle): one hand-off to the pool per layer, the
-  // threads claiming chunks of the slots (of equal expected work by the profile's firing
-  // counts) and taking each through predictor, gate, up and down into their own sums, which
-  // are added at the end.
-  void ForwardTokenFused(int layer, const float* xn, float* out);
-  void RunLane(int layer, int lane);
+  // The oracle: dense gate/up, the exact active set split between the host and the device
+  // (host_only: the host's slots alone, the device computing its own in resident mode).
+  void ForwardTokenOracle(int layer, const float* xn, float* out, bool host_only);
+  // Whether the device part runs on the device (it did not fail).
+  bool device_part() const { return gpu_ != nullptr && !gpu_failed_; }
+  // The fused path: one hand-off to the pool per layer, the threads claiming chunks of the slots
+  // (of equal expected work by the profile's firing counts) and taking each through predictor
+  // (or the listed slots), gate, up and down into their own sums, which are added at the end.
+  void ForwardTokenFused(int layer, const float* xn, float* out,
+                         const std::vector<ChunkBounds>& chunks, const int32_t* listed,
+                         int64_t n_listed);
+  void RunLane(int layer, int lane, const ChunkBounds& bounds);
   // Slots [begin, end) of `layer` into lane's counts and accumulator.
   void RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool time_it);
-  // One executor's share: idx (n) active neurons; act given (oracle) or computed from gate/up.
-  void RunPart(int layer, Executor& e, int64_t n, bool have_act);
-  // Uploads the device part to the GPU (options.gpu); no device leaves it on the CPU.
+  // One executor's share (oracle): idx (n) active slots with their activations.
+  void RunPart(int layer, Executor& e, int64_t n);
+  // Creates the device part's executor (options.gpu); no device leaves it on the CPU.
   absl::Status StartGpu();
+  // A failed device call: the device part runs on the CPU from now on.
+  void LoseGpu(const absl::Status& why);
 
   std::shared_ptr<const SparseWeights> weights_;
   const LlamaModel& model_;
@@ -173,25 +198,27 @@ class SparseFfn : public FfnBackend {
   SparseFfnOptions options_;
   Session* session_ = nullptr;
   ActiveSetObserver* observer_ = nullptr;
-  std::unique_ptr<ThreadPool> device_pool_;
-  std::unique_ptr<ThreadPool> dispatch_pool_;  // 2 threads: host part, device part
-  std::unique_ptr<Executor> host_, device_;
-  std::vector<Lane> lanes_;                         // (pool size) fused path
-  std::vector<std::vector<int64_t>> chunk_bounds_;  // per layer: slot bounds of the chunks
-  std::atomic<int> next_chunk_{0};                  // the next chunk a lane claims
-  std::vector<PredictorView> predictors_;           // per layer (engine/sparse/predictor.h)
-  std::vector<int32_t> hidden_idx_;                 // predictor hidden units that are > 0
-  std::vector<float> hidden_val_;                   // and their values
-  PredictorHidden hidden_nz_;                       // over the two above
+  std::unique_ptr<Executor> host_, device_;  // oracle
+  std::vector<Lane> lanes_;                  // (pool size) fused path
+  std::vector<ChunkBounds> all_chunks_;      // per layer, over all slots
+  std::vector<ChunkBounds> host_chunks_;     // per layer, over the slots after the device part
+  std::atomic<int> next_chunk_{0};           // the next chunk a lane claims
+  const int32_t* listed_ = nullptr;          // ForwardListed: the host's active slots
+  int64_t n_listed_ = 0;
+  std::vector<PredictorView> predictors_;  // per layer (engine/sparse/predictor.h)
+  std::vector<int32_t> hidden_idx_;        // predictor hidden units that are > 0
+  std::vector<float> hidden_val_;          // and their values
+  PredictorHidden hidden_nz_;              // over the two above
   std::unique_ptr<gpu::GpuFfnExecutor> gpu_;
+  bool gpu_failed_ = false;
   absl::Status gpu_status_ = absl::FailedPreconditionError("GPU not requested");
 
   // Shared per-token buffers, sized at construction.
   const Isa isa_ = BestIsa();
-  std::vector<uint8_t> x_gate_, x_up_;  // xn prepared for gate's / up's row dots
-  std::vector<float> hidden_;           // (max rank) fc1 · xn
-  std::vector<float> logits_;           // (n_ff)
-  std::vector<int32_t> predicted_;      // (n_ff) split path: the predicted-active slots
+  std::vector<uint8_t> x_gate_, x_up_;        // xn prepared for gate's / up's row dots
+  std::vector<float> hidden_;                 // (max rank) fc1 · xn
+  std::vector<float> logits_;                 // (n_ff)
+  std::vector<float> device_out_;             // (n_embd) the device part's partial sum
   std::vector<float> dense_gate_, dense_up_;  // (n_ff), oracle
   MatMulScratch matmul_scratch_;
   SparseFfnStats stats_;

@@ -11,10 +11,13 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include "bench/cpu_device.h"
 #include "engine/gpu/gpu_backend.h"
 #include "model_fixtures.h"
+#include "offline/pipeline.h"
+#include "offline/sparse_source.h"
 
 namespace thermocline {
 namespace {
@@ -127,6 +130,7 @@ void Hybrid(const gpu::Device* device, const LlamaModel& model, const CpuStandIn
     o.gpu_memory = uint64_t{4} << 30;
     const int64_t launches = stand_in ? stand_in->ffn_launches() : 0;
     const int64_t calls = stand_in ? stand_in->layer_calls() : 0;
+    const int64_t residents = stand_in ? stand_in->resident_calls() : 0;
     auto s = NewEngineSession(model, OraclePlan(model, c.attention, c.head, c.fraction, 5), pool,
                               o);
     const EnginePlacement& p = s->placement();
@@ -143,6 +147,8 @@ void Hybrid(const gpu::Device* device, const LlamaModel& model, const CpuStandIn
     if (stand_in != nullptr) {
       CHECK(stand_in->ffn_launches() > launches);  // the device part ran, and was merged
       CHECK((stand_in->layer_calls() > calls) == (n_attn > 0));
+      // Attention on the device: its layers ran resident (only the host's partial came back).
+      CHECK((stand_in->resident_calls() > residents) == (n_attn > 0));
     }
   }
 }
@@ -202,6 +208,72 @@ TEST_CASE("front door, stand-in device: three caps, the same tokens", "[gpu]") {
   if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
   CpuStandInDevice device;
   HybridCaps(&device, CachedModel(path));
+}
+
+// relu-tiny's sidecar from the offline pipeline (predictors trained on the profile corpus), with a
+// placement set here: the hottest `fraction` of every layer's neurons on the device, attention
+// where `attention` says.
+SparsePlan ProfiledPlan(const LlamaModel& model, ThreadPool& pool, std::vector<uint8_t> attention,
+                        double fraction) {
+  static const std::string sidecar = [&] {
+    offline::PipelineOptions o;  // a short profile keeps the test fast
+    o.run.corpus_path = TestModelPath("tinystories-profile.txt");
+    o.run.tokens = 2048;
+    o.profiler.max_samples = 2048;
+    auto r = offline::RunProfilePipeline(model, "relu-tiny.f32.gguf", pool, o, nullptr);
+    REQUIRE(r.ok());
+    const std::string path = (testing::TempDir() / "engine-relu-tiny.thermo.gguf").string();
+    REQUIRE(offline::WriteSidecar(r->sidecar, path).ok());
+    return path;
+  }();
+  auto plan = offline::LoadSparsePlan(sidecar, model);
+  REQUIRE(plan.ok());
+  for (SparseLayerPlan& p : plan->layers) {
+    std::vector<int32_t> order(model.hparams().n_ff);
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return p.fire_count[a] > p.fire_count[b]; });
+    p.device_neurons.assign(order.begin(), order.begin() + static_cast<int64_t>(
+                                                              fraction * order.size()));
+  }
+  plan->attention_gpu = std::move(attention);
+  plan->output_gpu = true;
+  return *std::move(plan);
+}
+
+TEST_CASE("front door, stand-in device: trained predictors split between device and host give "
+          "the CPU sparse path's tokens, at three caps",
+          "[gpu][sparse]") {
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const std::string corpus = TestModelPath("tinystories-profile.txt");
+  if (!std::filesystem::exists(corpus)) THERMOCLINE_SKIP("tinystories-profile.txt not found");
+  const LlamaModel& model = CachedModel(path);
+  const int64_t n = model.hparams().n_layer;
+  ThreadPool pool(2);
+  std::vector<uint8_t> every(n, 1), none(n, 0);
+  auto cpu = NewEngineSession(model, ProfiledPlan(model, pool, every, 0.4), pool, Options(nullptr));
+  REQUIRE(cpu->sparse() != nullptr);
+  const std::vector<int32_t> want = testing::GreedyIds(cpu->session(), kPrompt, 24);
+  CpuStandInDevice device;
+  for (const auto& [what, attention, cap] :
+       {std::tuple{"attention and hot neurons", every, uint64_t{4} << 30},
+        std::tuple{"hot neurons only", none, uint64_t{4} << 30},
+        std::tuple{"a cap too small for anything", every, uint64_t{4096}}}) {
+    INFO(what);
+    EngineOptions o = Options(&device);
+    o.gpu_memory = cap;
+    const int64_t residents = device.resident_calls();
+    auto s = NewEngineSession(model, ProfiledPlan(model, pool, attention, 0.4), pool, o);
+    INFO(DescribePlacement(s->placement()));
+    CHECK(testing::GreedyIds(s->session(), kPrompt, 24) == want);
+    if (cap > 4096) {
+      CHECK(s->placement().gpu_neurons > 0);
+      CHECK((device.resident_calls() > residents) == (attention == every));
+    } else {
+      CHECK(s->placement().gpu_neurons == 0);
+    }
+  }
 }
 
 TEST_CASE("front door: sessions share one device budget", "[gpu]") {

@@ -1,6 +1,6 @@
 // SparseFfn on relu-tiny without predictors (every neuron a candidate, exact ReLU zeros
-// dropped): equals the dense FFN, in oracle mode too; and the hybrid split — any placement,
-// two executors running concurrently — equals the single executor. With predictors: the fused
+// dropped): equals the dense FFN, in oracle mode too; and the hybrid split — any placement, the
+// device part on a CPU stand-in device — equals the single executor. With predictors: the fused
 // path equals the reference, and an ActiveSetObserver sees the rows it read (the read floor),
 // which are the rows the ideal ratio's byte counts assume.
 #include "engine/sparse/sparse_ffn.h"
@@ -11,6 +11,7 @@
 
 #include "engine/model/cpu_ops.h"
 #include "engine/model/session.h"
+#include "bench/cpu_device.h"
 #include "bench/sparse_read_floor.h"
 #include "model_fixtures.h"
 
@@ -71,12 +72,15 @@ TEST_CASE("sparse FFN equals dense; two executors equal one for any placement", 
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(h.n_embd), xn(h.n_embd), dense(h.n_embd), single(h.n_embd), split(h.n_embd),
       oracle(h.n_embd);
+  // The device part on the CPU stand-in device: the split and the merge SparseFfn does with a GPU.
+  CpuStandInDevice device;
   for (int mode : {0, 1, 2, 2, 2}) {
     SparseFfnOptions one, two, orc;
-    two.split = true;
-    two.device_threads = mode == 2 ? 2 : 1;
+    two.gpu = true;
+    two.device = &device;
     orc.oracle = true;
-    orc.split = true;
+    orc.gpu = true;
+    orc.device = &device;
     auto a = SparseFfn::Create(model, PlanWithPlacement(model, rng, mode), &pool, one);
     std::mt19937 same(rng);
     auto b = SparseFfn::Create(model, PlanWithPlacement(model, rng, mode), &pool, two);
@@ -100,7 +104,9 @@ TEST_CASE("sparse FFN equals dense; two executors equal one for any placement", 
     CHECK((*a)->stats().predicted == (*a)->stats().layer_tokens * static_cast<double>(h.n_ff));
     CHECK((*a)->stats().fired < (*a)->stats().predicted);
     CHECK((*b)->stats().fired == (*a)->stats().fired);
+    REQUIRE((*b)->gpu_status().ok());
   }
+  CHECK(device.ffn_launches() > 0);
 }
 
 // A random rank-8 predictor, firing counts and thresholds: the fused path (one slice of slots
@@ -148,11 +154,20 @@ TEST_CASE("fused sparse path with a predictor and rows in firing order equals th
     ThreadPool pool(threads);
     auto ffn = SparseFfn::Create(model, make_plan(5), &pool, SparseFfnOptions{});
     REQUIRE(ffn.ok());
-    // The split path predicts every slot at once (PredictAll) where the fused path predicts each
-    // chunk (PredictSlots): the one predictor, two ways, the same sets.
+    // With a device part (a random half of the neurons, on the CPU stand-in device) the device
+    // predicts its neurons and the host's fused path the rest: the same sets, summed.
+    CpuStandInDevice device;
     SparseFfnOptions split_options;
-    split_options.split = true;
-    auto split = SparseFfn::Create(model, make_plan(5), &pool, split_options);
+    split_options.gpu = true;
+    split_options.device = &device;
+    std::vector<SparseLayerPlan> split_plan = make_plan(5);
+    std::mt19937 pick(3);
+    for (SparseLayerPlan& p : split_plan) {
+      for (int32_t i = 0; i < h.n_ff; ++i) {
+        if (pick() % 2) p.device_neurons.push_back(i);
+      }
+    }
+    auto split = SparseFfn::Create(model, std::move(split_plan), &pool, split_options);
     REQUIRE(split.ok());
     std::vector<float> got_split(h.n_embd);
     const std::vector<SparseLayerPlan> plan = make_plan(5);  // the same draws, for the reference
@@ -190,6 +205,7 @@ TEST_CASE("fused sparse path with a predictor and rows in firing order equals th
       CHECK(MaxRelDiff(got_split, want) < 1e-4);
     }
     CHECK((*split)->stats().predicted == (*ffn)->stats().predicted);
+    CHECK(device.ffn_launches() == h.n_layer);
     const SparseFfnStats& st = (*ffn)->stats();
     CHECK(st.layer_tokens == h.n_layer);
     CHECK(st.predicted > st.fired);
