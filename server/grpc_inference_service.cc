@@ -130,7 +130,7 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
   if (!model.ok()) return Reply(context, ToGrpcStatus(model.status()));
   for (int32_t id : TokenizeText(**model, request->text(), request->add_special())) {
     response->add_tokens(id);
-    if (request->with_pieces()) response->add_pieces((*model)->tokenizer().TokenToPiece(id));
+    if (request->with_pieces()) response->add_pieces(ProtoText((*model)->tokenizer().TokenToPiece(id)));
   }
   return Reply(context, grpc::Status::OK);
 }
@@ -146,7 +146,7 @@ grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerConte
   const std::vector<int64_t> ids(request->tokens().begin(), request->tokens().end());
   auto text = DetokenizeIds(**model, ids);
   if (!text.ok()) return Reply(context, ToGrpcStatus(text.status()));
-  response->set_text(std::move(*text));
+  response->set_text(ProtoText(*text));
   return Reply(context, grpc::Status::OK);
 }
 

@@ -19,8 +19,9 @@ nlohmann::json ModelInfoJson(const ModelInfo& info) {
   j["loaded"] = info.loaded;
   j["created_at"] = info.created_at;
   j["updated_at"] = info.updated_at;
-  j["placement"] = info.placement;
-  j["report"] = info.report;
+  // A value that failed to parse (a corrupt row) is null, never written as invalid JSON.
+  j["placement"] = info.placement.is_discarded() ? json(nullptr) : info.placement;
+  j["report"] = info.report.is_discarded() ? json(nullptr) : info.report;
   j["version"] = info.version;
   return j;
 }
