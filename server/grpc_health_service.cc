@@ -24,7 +24,7 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<health::Hea
   void Update(ServingStatus now) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (done_) return;
+      if (finished_ || cancelled_) return;
       wanted_ = now;
       if (writing_ || (sent_any_ && sent_ == wanted_)) return;
       writing_ = true;
@@ -36,22 +36,32 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<health::Hea
   }
 
   void OnWriteDone(bool ok) override {
-    bool finish = !ok;
+    grpc::Status status = grpc::Status::OK;
+    bool finish = false;
+    ServingStatus wanted;
     {
       std::lock_guard<std::mutex> lock(mu_);
       writing_ = false;
-      finish |= service_->shared_->draining.load() && sent_ != health::HealthCheckResponse::SERVING;
-      if (finish) done_ = true;
+      if (finished_) return;
+      const bool stopped =
+          service_->shared_->draining.load() && sent_ != health::HealthCheckResponse::SERVING;
+      if (!ok || cancelled_ || stopped) {
+        finish = finished_ = true;
+        if (cancelled_ || !ok) status = grpc::Status::CANCELLED;
+      }
+      wanted = wanted_;
     }
-    if (finish) return Finish(grpc::Status::OK);
-    Update(wanted_);
+    if (finish) return Finish(status);
+    Update(wanted);
   }
 
+  // A write in flight finishes the call when it completes (Finish once, never beside a write).
   void OnCancel() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (done_) return;
-      done_ = true;
+      cancelled_ = true;
+      if (finished_ || writing_) return;
+      finished_ = true;
     }
     Finish(grpc::Status::CANCELLED);
   }
@@ -72,7 +82,8 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<health::Hea
   ServingStatus sent_ = health::HealthCheckResponse::UNKNOWN;
   bool sent_any_ = false;
   bool writing_ = false;
-  bool done_ = false;
+  bool cancelled_ = false;
+  bool finished_ = false;  // Finish was called (once)
 };
 
 ServingStatus HealthService::StatusOf(const std::string& service) const {

@@ -126,6 +126,9 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
   if (grpc::Status s = CheckApiKey(*context, shared_->config->api_keys); !s.ok()) {
     return Reply(context, s);
   }
+  if (absl::Status s = CheckTokenizeSize(request->text().size(), *shared_->config); !s.ok()) {
+    return Reply(context, ToGrpcStatus(s));
+  }
   auto model = ResolveModel(*shared_->registry, request->model());
   if (!model.ok()) return Reply(context, ToGrpcStatus(model.status()));
   for (int32_t id : TokenizeText(**model, request->text(), request->add_special())) {
