@@ -34,6 +34,11 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kLinger = std::chrono::seconds(2);
 constexpr size_t kLingerBytes = 1 << 20;
 constexpr size_t kReadChunk = 16 << 10;
+// Beyond the connection limits a few connections more are kept for /health and /metrics only,
+// with a short head deadline: a probe from the address of a client that holds all its
+// connections (or when the server holds all it may) is still answered.
+constexpr int kProbeOnlyConnections = 16;
+constexpr auto kProbeOnlyHeaderTimeout = std::chrono::seconds(2);
 
 std::string AddressText(const sockaddr_storage& a, int* port) {
   char text[INET6_ADDRSTRLEN] = "";
@@ -129,6 +134,7 @@ class GuardedServer::Front {
   std::vector<std::unique_ptr<ConnectionState>> incoming_;
   std::unordered_map<std::string, int> per_client_;
   int open_ = 0;
+  int probe_only_ = 0;  // connections beyond the limits, for /health and /metrics
   bool stopping_ = false;
   bool shut_down_ = false;
   std::atomic<uint64_t> inflight_{0};
@@ -174,20 +180,28 @@ void GuardedServer::Front::Adopt(int fd) {
       return;
     }
     int& mine = per_client_[c->remote_addr];
+    std::string over;
     if (open_ >= limits_.max_connections) {
-      c->refuse_status = 503;
-      c->refuse_message = absl::StrCat("the server has ", open_,
-                                       " connections open, its limit (server.max_connections)");
+      over = absl::StrCat("the server has ", open_,
+                          " connections open, its limit (server.max_connections)");
     } else if (limits_.max_connections_per_client > 0 &&
                mine >= limits_.max_connections_per_client) {
-      c->refuse_status = 503;
-      c->refuse_message =
-          absl::StrCat("this client has ", mine, " connections open, the limit per client "
-                       "(server.max_connections_per_client); reuse connections");
-    } else {
+      over = absl::StrCat("this client has ", mine,
+                          " connections open, the limit per client "
+                          "(server.max_connections_per_client); reuse connections");
+    }
+    if (over.empty()) {
       ++mine;
       ++open_;
       c->counted = true;
+    } else if (probe_only_ < kProbeOnlyConnections) {
+      ++probe_only_;
+      c->probe_only = true;
+      c->refuse_message = std::move(over);
+      c->deadline = now + kProbeOnlyHeaderTimeout;
+    } else {
+      c->refuse_status = 503;
+      c->refuse_message = std::move(over);
     }
     if (mine == 0) per_client_.erase(c->remote_addr);
     incoming_.push_back(std::move(c));
@@ -329,6 +343,10 @@ void GuardedServer::Front::Advance(int fd) {
         }
         if (r == HeadParse::kError) return Refuse(c, error.status, error.code, error.message);
         c->verdict = policy_(c->head);
+        if (c->probe_only && !c->verdict.priority) {
+          return Refuse(c, 503, "too_many_connections", c->refuse_message);
+        }
+        c->must_close |= c->probe_only;
         c->span = c->head.head_bytes;
         c->fed = c->head.head_bytes;
         if (c->verdict.refuse || c->head.framing == BodyFraming::kNone) {
@@ -457,6 +475,12 @@ void GuardedServer::Front::Drop(int fd) {
 }
 
 void GuardedServer::Front::Forget(ConnectionState* c) {
+  if (c->probe_only) {
+    c->probe_only = false;
+    std::lock_guard<std::mutex> lock(mu_);
+    --probe_only_;
+    return;
+  }
   if (!c->counted) return;
   c->counted = false;
   std::lock_guard<std::mutex> lock(mu_);
@@ -474,7 +498,7 @@ void GuardedServer::Front::Expire(Clock::time_point now) {
         if (now >= c->deadline) idle.push_back(fd);
         break;
       case Phase::kHead:
-        if (now >= c->started + limits_.header_timeout ||
+        if (now >= c->started + (c->probe_only ? kProbeOnlyHeaderTimeout : limits_.header_timeout) ||
             now >= c->last_byte + limits_.read_timeout) {
           slow.push_back(fd);
         }

@@ -4,7 +4,8 @@
 // connections per client and in all). Only a complete request goes to a worker thread, which
 // runs cpp-httplib's request processing over the buffered bytes, so a slow or silent client never
 // holds a worker; /health and /metrics have workers of their own, so they are answered while
-// every other worker is busy. A keep-alive connection goes back to the loop between requests.
+// every other worker is busy, and a few connections beyond the connection limits are kept for
+// them alone. A keep-alive connection goes back to the loop between requests.
 // cpp-httplib 0.11 stays the HTTP parser and router: it hands accepted sockets to its task queue
 // and process_and_close_socket (virtual), both of which GuardedServer replaces.
 #pragma once

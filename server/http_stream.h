@@ -27,8 +27,9 @@ struct ConnectionState {
   int fd = -1;
   std::string remote_addr, local_addr;
   int remote_port = 0, local_port = 0;
-  bool counted = false;  // in the per-client and total counts
-  int refuse_status = 0;  // refused on arrival (too many connections)
+  bool counted = false;     // in the per-client and total counts
+  bool probe_only = false;  // beyond the limits: served for /health and /metrics only
+  int refuse_status = 0;    // refused on arrival (too many connections)
   std::string refuse_message;
 
   Phase phase = Phase::kIdle;
