@@ -1,7 +1,10 @@
 // The admin API and the registry under hostile requests and damaged state: registration confined
 // to the allowed folders (no file oracle), FIFOs and NUL bytes refused, storage failures answered
 // 503 registry_unavailable, and a registry database that was emptied, hand-edited or corrupted.
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -9,6 +12,7 @@
 
 #include "daemon_fixture.h"
 #include "http_client.h"
+#include "server/errors.h"
 #include "server/registry_store.h"
 
 namespace thermocline::testing {
@@ -105,6 +109,41 @@ TEST_CASE("admin: a full disk is 503 registry_unavailable, never 500", "[admin][
   INFO(del.body);
   CHECK(del.status != 500);
   CHECK(Http(d.port(), "GET", "/health").status == 200);
+}
+
+TEST_CASE("registry: a read-only state directory is 503 registry_unavailable",
+          "[admin][hostile]") {
+  const fs::path state = TempDir() / "readonly.state";
+  {
+    auto store = server::RegistryStore::Open(state.string());
+    REQUIRE(store.ok());
+  }
+  // In a child with a mount namespace of its own, the state directory is bound read-only (root
+  // ignores file permissions, so chmod would not do): a write must fail as unavailable storage.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) ||
+        ::mount(state.c_str(), state.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
+        ::mount(nullptr, state.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr) != 0) {
+      ::_exit(77);
+    }
+    auto store = server::RegistryStore::Open(state.string());
+    absl::Status s = store.ok() ? [&] {
+      server::ModelRecord r;
+      r.name = "x";
+      r.path = "/x.gguf";
+      return (*store)->Insert(r);
+    }()
+                                : store.status();
+    const server::ApiError e = server::ToApiError(s);
+    ::_exit(e.http_status == 503 && e.code == "registry_unavailable" ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) THERMOCLINE_SKIP("no mount namespaces here (needs root)");
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("registry: an empty registry.db is kept aside, loudly", "[admin][hostile]") {
