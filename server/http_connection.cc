@@ -40,6 +40,18 @@ constexpr size_t kReadChunk = 16 << 10;
 constexpr int kProbeOnlyConnections = 16;
 constexpr auto kProbeOnlyHeaderTimeout = std::chrono::seconds(2);
 
+// Whether the bytes of a probe-only connection can still become a /health or /metrics request.
+bool CouldBeProbe(std::string_view bytes) {
+  for (std::string_view probe : {"GET /health", "GET /metrics", "HEAD /health", "HEAD /metrics"}) {
+    const size_t n = std::min(bytes.size(), probe.size());
+    if (bytes.substr(0, n) != probe.substr(0, n)) continue;
+    if (bytes.size() <= probe.size()) return true;
+    const char next = bytes[probe.size()];
+    if (next == ' ' || next == '?') return true;
+  }
+  return false;
+}
+
 std::string AddressText(const sockaddr_storage& a, int* port) {
   char text[INET6_ADDRSTRLEN] = "";
   if (a.ss_family == AF_INET) {
@@ -335,6 +347,9 @@ void GuardedServer::Front::Advance(int fd) {
         c->started = Clock::now();
         break;
       case Phase::kHead: {
+        if (c->probe_only && !CouldBeProbe(c->buffer)) {
+          return Refuse(c, 503, "too_many_connections", c->refuse_message);
+        }
         HeadError error;
         const HeadParse r = ParseRequestHead(c->buffer, limits_.head, &c->head, &error);
         if (r == HeadParse::kIncomplete) {

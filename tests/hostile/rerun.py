@@ -102,7 +102,7 @@ def bodies(d):
            f"{rss0 >> 10} -> {proc_field(d.p.pid, 'VmHWM') >> 10}")
     # An endless chunked body: answered before its end.
     s = socket.create_connection(("127.0.0.1", d.port), timeout=10)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Transfer-Encoding: chunked\r\n\r\n")
     sent, t = 0, time.time()
     s.settimeout(0.001)
@@ -129,7 +129,7 @@ def key_first(binary, models):
     d = Daemon(binary, models, '[server]\napi_keys = ["k"]\n')
     s = socket.create_connection(("127.0.0.1", d.port), timeout=10)
     t = time.time()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: 4000000\r\n\r\n")
     answer = s.recv(100)
     report("body without a key (head only): status, s", f"{answer[9:12].decode()}, {time.time() - t:.3f}")
@@ -205,28 +205,30 @@ def load(d, clients=64, each=5):
 
 def dropped(binary, models):
     d = Daemon(binary, models, "[scheduler]\nslots = 1\nqueue = 32\n[debug]\ndecode_delay_ms = 5\n")
-    body = json.dumps({"model": "stories", "prompt": "Once", "max_tokens": 2000,
+    body = json.dumps({"model": "stories", "prompt": "Once", "max_tokens": 500,
                        "ignore_eos": True}).encode()
     before = metric(d.port, "thermocline_generated_tokens_total")
     socks = []
     for _ in range(18):
         s = socket.create_connection(("127.0.0.1", d.port))
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         socks.append(s)
     time.sleep(0.5)
+    at_drop = metric(d.port, "thermocline_generated_tokens_total")
     for s in socks:
         s.close()
     time.sleep(3)
     after = metric(d.port, "thermocline_generated_tokens_total")
-    report("18 dropped non-streamed requests: tokens generated in 3.5 s", f"{after - before:.0f}")
+    report("18 dropped non-streamed requests (500 tokens each): tokens before / after the drop",
+           f"{at_drop - before:.0f} / {after - at_drop:.0f}")
     d.stop()
 
 
 def tokenize(d):
     rss0 = proc_field(d.p.pid, "VmHWM")
     text = ("Once upon a time there was a little girl named Lily. " * 80000)
-    status, _ = request(d.port, "POST", "/tokenize", json.dumps({"content": text[:4 << 20]}).encode())
+    status, _ = request(d.port, "POST", "/tokenize", json.dumps({"content": text[:(4 << 20) - 64]}).encode())
     report("/tokenize of 4 MiB: status", status)
     one = json.dumps({"content": text[:(1 << 20) - 64], "with_pieces": True}).encode()
     status, _ = request(d.port, "POST", "/tokenize", one)
