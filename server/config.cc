@@ -293,8 +293,9 @@ absl::Status FinalizeConfig(ServerConfig* c) {
   for (const std::string& o : c->cors_allowed_origins) {
     if (o != "*" && o.find("://") == std::string::npos) {
       return KeyError("server.cors_allowed_origins",
-                      absl::StrCat("'", o, "' is not an origin: write scheme://host[:port] "
-                                           "(e.g. http://localhost:3000) or \"*\""));
+                      absl::StrCat("'", o,
+                                   "' is not an origin: write scheme://host[:port] "
+                                   "(e.g. http://localhost:3000) or \"*\""));
     }
   }
   if (c->state_dir.empty()) {

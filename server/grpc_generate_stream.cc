@@ -142,7 +142,8 @@ void GenerateStream::OnFinish(FinishReason reason, CancelReason cancel,
       t->set_decode_tokens_per_second(stats.completion_tokens >= 2 && decode_s > 0
                                           ? (stats.completion_tokens - 1) / decode_s
                                           : 0);
-      if (stop == pb::GenerateResponse::ERROR) pending_.set_error(ProtoText(std::string(error.message())));
+      if (stop == pb::GenerateResponse::ERROR)
+        pending_.set_error(ProtoText(std::string(error.message())));
       has_pending_ = true;
       write = TakeWriteLocked();
     }

@@ -16,8 +16,7 @@ bool KnownService(const std::string& service) {
 // One Watch call: at most one write in flight; a newer status waits for it.
 class HealthService::Watcher final : public grpc::ServerWriteReactor<health::HealthCheckResponse> {
  public:
-  Watcher(HealthService* service, std::string name)
-      : service_(service), name_(std::move(name)) {}
+  Watcher(HealthService* service, std::string name) : service_(service), name_(std::move(name)) {}
 
   // Sends `now` unless it is the status last sent; ends the call after NOT_SERVING once the
   // server is stopping.

@@ -133,7 +133,8 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
   if (!model.ok()) return Reply(context, ToGrpcStatus(model.status()));
   for (int32_t id : TokenizeText(**model, request->text(), request->add_special())) {
     response->add_tokens(id);
-    if (request->with_pieces()) response->add_pieces(ProtoText((*model)->tokenizer().TokenToPiece(id)));
+    if (request->with_pieces())
+      response->add_pieces(ProtoText((*model)->tokenizer().TokenToPiece(id)));
   }
   return Reply(context, grpc::Status::OK);
 }

@@ -94,8 +94,8 @@ void HttpFrontEnd::AdminRoutes() {
   // Routes that may carry a body read it bounded (WithBody), even where they ignore it.
   auto with_body = [this, admin](auto handler) {
     return WithBody([admin, handler](const Request& req, Response& res, const std::string& body) {
-      admin([&](ModelAdmin& a, const Request& r, Response& out) { handler(a, r, out, body); })(
-          req, res);
+      admin([&](ModelAdmin& a, const Request& r, Response& out) { handler(a, r, out, body); })(req,
+                                                                                               res);
     });
   };
   http_->Post("/admin/models", with_body([this](ModelAdmin& a, const Request&, Response& res,
@@ -130,15 +130,15 @@ void HttpFrontEnd::AdminRoutes() {
         if (absl::Status s = a.Delete(name); !s.ok()) return SendError(res, s);
         res.set_content(Dump(json{{"name", name}, {"deleted", true}}), "application/json");
       }));
-  http_->Post(R"(/admin/models/([^/]+)/cancel)",
-              with_body([this](ModelAdmin& a, const Request& req, Response& res,
-                               const std::string&) {
-                const std::string name = req.matches[1].str();
-                if (absl::Status s = a.Cancel(name); !s.ok()) return SendError(res, s);
-                auto info = a.Get(name);
-                if (!info.ok()) return SendError(res, info.status());
-                res.set_content(Dump(ModelInfoJson(*info)), "application/json");
-              }));
+  http_->Post(
+      R"(/admin/models/([^/]+)/cancel)",
+      with_body([this](ModelAdmin& a, const Request& req, Response& res, const std::string&) {
+        const std::string name = req.matches[1].str();
+        if (absl::Status s = a.Cancel(name); !s.ok()) return SendError(res, s);
+        auto info = a.Get(name);
+        if (!info.ok()) return SendError(res, info.status());
+        res.set_content(Dump(ModelInfoJson(*info)), "application/json");
+      }));
   http_->Get(
       R"(/admin/models/([^/]+)/events)",
       admin([this](ModelAdmin& a, const Request& req, Response& res) {

@@ -207,7 +207,8 @@ namespace {
 // at once to the event loop (through process_and_close_socket) and stops it with the server.
 class AdoptingQueue final : public httplib::TaskQueue {
  public:
-  explicit AdoptingQueue(std::function<void()> on_shutdown) : on_shutdown_(std::move(on_shutdown)) {}
+  explicit AdoptingQueue(std::function<void()> on_shutdown)
+      : on_shutdown_(std::move(on_shutdown)) {}
   void enqueue(std::function<void()> fn) override { fn(); }
   void shutdown() override { on_shutdown_(); }
 

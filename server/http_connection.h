@@ -24,18 +24,18 @@ namespace thermocline::server {
 
 struct ConnectionLimits {
   HeadLimits head;
-  uint64_t max_body_bytes = 4 << 20;  // Content-Length, or the data of a chunked body
+  uint64_t max_body_bytes = 4 << 20;                // Content-Length, or the data of a chunked body
   std::chrono::milliseconds header_timeout{10000};  // first byte of a head to its end
   std::chrono::milliseconds body_timeout{60000};    // end of the head to the end of the body
   std::chrono::milliseconds read_timeout{30000};    // longest pause between bytes of a request
   std::chrono::milliseconds idle_timeout{5000};     // keep-alive: between requests
   std::chrono::milliseconds write_timeout{30000};   // longest a response write may block
-  int workers = 16;                  // threads serving requests
-  int priority_workers = 2;          // threads serving only /health and /metrics
-  int max_connections = 1024;        // open at once, idle ones included
-  int max_connections_per_client = 0;  // per remote address; 0: no limit
-  uint64_t max_inflight_bytes = 64 << 20;  // request bodies held at once
-  int backlog = 1024;                      // listen(2) backlog
+  int workers = 16;                                 // threads serving requests
+  int priority_workers = 2;                         // threads serving only /health and /metrics
+  int max_connections = 1024;                       // open at once, idle ones included
+  int max_connections_per_client = 0;               // per remote address; 0: no limit
+  uint64_t max_inflight_bytes = 64 << 20;           // request bodies held at once
+  int backlog = 1024;                               // listen(2) backlog
   int max_requests_per_connection = 1000;
 };
 

@@ -174,9 +174,9 @@ void GuardedServer::Front::Advance(int fd) {
         }
         if (c->head.framing == BodyFraming::kLength) {
           if (c->head.content_length > limits_.max_body_bytes) {
-            return Refuse(c, 413, "payload_too_large",
-                          absl::StrCat("the request body is larger than ",
-                                       limits_.max_body_bytes, " bytes"));
+            return Refuse(
+                c, 413, "payload_too_large",
+                absl::StrCat("the request body is larger than ", limits_.max_body_bytes, " bytes"));
           }
           if (!Reserve(c, c->head.content_length)) return;
           c->span += c->head.content_length;
@@ -317,7 +317,8 @@ void GuardedServer::Front::Expire(Clock::time_point now) {
         if (now >= c->deadline) idle.push_back(fd);
         break;
       case Phase::kHead:
-        if (now >= c->started + (c->probe_only ? kProbeOnlyHeaderTimeout : limits_.header_timeout) ||
+        if (now >=
+                c->started + (c->probe_only ? kProbeOnlyHeaderTimeout : limits_.header_timeout) ||
             now >= c->last_byte + limits_.read_timeout) {
           slow.push_back(fd);
         }

@@ -113,5 +113,4 @@ class GuardedServer::Front {
   std::atomic<uint64_t> inflight_{0};
 };
 
-
 }  // namespace thermocline::server

@@ -314,9 +314,8 @@ ChunkedBody::Result ChunkedBody::Feed(std::string_view bytes, size_t* used) {
       case State::kLastCr:
         if (c != '\r') {
           return Fail(400, "bad_request",
-                      state_ == State::kLastCr
-                          ? "chunked trailer fields are not supported"
-                          : "a chunk is not followed by CRLF");
+                      state_ == State::kLastCr ? "chunked trailer fields are not supported"
+                                               : "a chunk is not followed by CRLF");
         }
         ++i;
         state_ = state_ == State::kDataCr ? State::kDataLf : State::kLastLf;

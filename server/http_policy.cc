@@ -37,8 +37,7 @@ bool IsWildcardAddress(const std::string& host) {
 }
 
 bool IsJsonMediaType(std::string_view type) {
-  const std::string t =
-      Lower(absl::StripAsciiWhitespace(ToAbsl(type.substr(0, type.find(';')))));
+  const std::string t = Lower(absl::StripAsciiWhitespace(ToAbsl(type.substr(0, type.find(';')))));
   return t == "application/json" || absl::EndsWith(t, "+json");
 }
 
@@ -86,8 +85,8 @@ bool IsProbe(std::string_view method, std::string_view path) {
 
 std::string RequestKey(std::string_view x_api_key, std::string_view authorization) {
   if (!x_api_key.empty()) return std::string(x_api_key);
-  if (authorization.size() > 7 && absl::EqualsIgnoreCase(ToAbsl(authorization.substr(0, 7)),
-                                                         "Bearer ")) {
+  if (authorization.size() > 7 &&
+      absl::EqualsIgnoreCase(ToAbsl(authorization.substr(0, 7)), "Bearer ")) {
     return std::string(absl::StripAsciiWhitespace(ToAbsl(authorization.substr(7))));
   }
   return "";
@@ -130,8 +129,8 @@ std::string RequestPolicy::AllowedOrigin(std::string_view origin) const {
   return "";
 }
 
-std::vector<std::pair<std::string, std::string>> RequestPolicy::CorsHeaders(
-    std::string_view origin, bool preflight) const {
+std::vector<std::pair<std::string, std::string>> RequestPolicy::CorsHeaders(std::string_view origin,
+                                                                            bool preflight) const {
   std::vector<std::pair<std::string, std::string>> out;
   const std::string allowed = origin.empty() ? "" : AllowedOrigin(origin);
   if (allowed.empty()) return out;
@@ -174,9 +173,9 @@ std::optional<ApiError> RequestPolicy::Check(std::string_view method, std::strin
   if (const std::string origin = field("Origin"); !origin.empty()) {
     // Same origin: a page served under this very host (e.g. behind a reverse proxy).
     absl::string_view bare = origin;
-    const bool same = (absl::ConsumePrefix(&bare, "http://") ||
-                       absl::ConsumePrefix(&bare, "https://")) &&
-                      Lower(bare) == Lower(field("Host"));
+    const bool same =
+        (absl::ConsumePrefix(&bare, "http://") || absl::ConsumePrefix(&bare, "https://")) &&
+        Lower(bare) == Lower(field("Host"));
     if (!same && AllowedOrigin(origin).empty()) {
       return Error(403, "permission_error", "origin_not_allowed",
                    absl::StrCat("requests from pages of ", origin,
@@ -194,13 +193,14 @@ std::optional<ApiError> RequestPolicy::Check(std::string_view method, std::strin
   }
   if (has_body) {
     if (!TakesBody(method, path)) {
-      return Error(404, "not_found_error", "not_found",
-                   absl::StrCat("no route for ", ToAbsl(method), " ", ToAbsl(path), " with a body"));
+      return Error(
+          404, "not_found_error", "not_found",
+          absl::StrCat("no route for ", ToAbsl(method), " ", ToAbsl(path), " with a body"));
     }
     if (const std::string type = field("Content-Type"); !type.empty() && !IsJsonMediaType(type)) {
-      return Error(415, "invalid_request_error", "unsupported_media_type",
-                   absl::StrCat("the body must be JSON (Content-Type: application/json), not '",
-                                type, "'"));
+      return Error(
+          415, "invalid_request_error", "unsupported_media_type",
+          absl::StrCat("the body must be JSON (Content-Type: application/json), not '", type, "'"));
     }
     const std::string coding = Lower(absl::StripAsciiWhitespace(field("Content-Encoding")));
     if (!coding.empty() && coding != "identity" && coding != "gzip" && coding != "deflate" &&

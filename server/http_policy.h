@@ -45,8 +45,8 @@ class RequestPolicy {
   // The error a request gets before its handler runs, or nullopt. In order: 403 host_not_allowed,
   // 403 origin_not_allowed, 401 invalid_api_key, 415 unsupported_media_type (a body that is not
   // JSON, or an unknown Content-Encoding), 404 not_found (a body on a route that takes none).
-  std::optional<ApiError> Check(std::string_view method, std::string_view path,
-                                const Fields& field, bool has_body) const;
+  std::optional<ApiError> Check(std::string_view method, std::string_view path, const Fields& field,
+                                bool has_body) const;
 
   bool HostAllowed(std::string_view host) const;
   // What Access-Control-Allow-Origin says for `origin`: "*" or the origin itself; "" when the

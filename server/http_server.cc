@@ -79,7 +79,10 @@ std::string LoggedPath(const std::string& path) {
 }  // namespace
 
 HttpFrontEnd::HttpFrontEnd(const ServerConfig& config, ModelRegistry* registry, Metrics* metrics)
-    : config_(config), registry_(registry), metrics_(metrics), policy_(config),
+    : config_(config),
+      registry_(registry),
+      metrics_(metrics),
+      policy_(config),
       paths_(config.allowed_paths) {
   http_ = std::make_unique<GuardedServer>(
       LimitsOf(config_),
@@ -126,8 +129,8 @@ bool HttpFrontEnd::RefusedByHead(const RequestHead& head) const {
   const bool has_body = head.framing != BodyFraming::kNone &&
                         !(head.framing == BodyFraming::kLength && head.content_length == 0);
   return policy_
-      .Check(head.method, head.path, [&](std::string_view name) { return head.Field(name); },
-             has_body)
+      .Check(
+          head.method, head.path, [&](std::string_view name) { return head.Field(name); }, has_body)
       .has_value();
 }
 
@@ -187,8 +190,7 @@ void HttpFrontEnd::Routes() {
         httplib::detail::get_header_value<uint64_t>(req.headers, "Content-Length", 0, 0) > 0;
     auto refusal = policy_.Check(
         req.method, req.path,
-        [&](std::string_view name) { return req.get_header_value(std::string(name)); },
-        has_body);
+        [&](std::string_view name) { return req.get_header_value(std::string(name)); }, has_body);
     if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
     SendApiError(res, *refusal);
     return httplib::Server::HandlerResponse::Handled;

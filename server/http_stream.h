@@ -40,11 +40,11 @@ struct ConnectionState {
   RequestHead head;
   HeadVerdict verdict;
   std::optional<ChunkedBody> chunked;
-  size_t span = 0;         // bytes of buffer that make the request (head + body)
-  size_t fed = 0;          // bytes of buffer the chunked parser has seen
-  uint64_t reserved = 0;   // bytes claimed of max_inflight_bytes
-  size_t lingered = 0;     // bytes drained in kLinger
-  bool peer_eof = false;   // the client has shut its write side (or is gone)
+  size_t span = 0;          // bytes of buffer that make the request (head + body)
+  size_t fed = 0;           // bytes of buffer the chunked parser has seen
+  uint64_t reserved = 0;    // bytes claimed of max_inflight_bytes
+  size_t lingered = 0;      // bytes drained in kLinger
+  bool peer_eof = false;    // the client has shut its write side (or is gone)
   bool must_close = false;  // the connection cannot carry another request
   int served = 0;           // requests answered on this connection
 };

@@ -53,7 +53,8 @@ absl::StatusOr<std::string> PathPolicy::Confine(std::string_view param,
   for (const std::string& root : roots_) allowed |= Under(resolved, root);
   if (!allowed) {
     return Forbidden("path_not_allowed",
-                     absl::StrCat("'", ToAbsl(param), "' is outside the folders this daemon may read ("
+                     absl::StrCat("'", ToAbsl(param),
+                                  "' is outside the folders this daemon may read ("
                                   "registry.allowed_paths: ",
                                   roots_.empty() ? "none" : absl::StrJoin(roots_, ", "),
                                   "); put the file there or add its folder"));

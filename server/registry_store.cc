@@ -253,8 +253,8 @@ absl::StatusOr<std::vector<ModelRecord>> RegistryStore::LoadAll() {
                     r.name.substr(0, 80));
       continue;
     }
-    for (auto [field, text] : {std::pair{"placement_json", &r.placement_json},
-                               {"report_json", &r.report_json}}) {
+    for (auto [field, text] :
+         {std::pair{"placement_json", &r.placement_json}, {"report_json", &r.report_json}}) {
       if (!ValidJsonOrEmpty(*text)) {
         spdlog::warn("registry: model '{}': its {} is not JSON; dropped", r.name, field);
         text->clear();

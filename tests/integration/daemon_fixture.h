@@ -58,7 +58,8 @@ class DaemonProcess {
       ::close(out[0]);
       if (max_file_bytes > 0) {
         ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
-        const rlimit limit{static_cast<rlim_t>(max_file_bytes), static_cast<rlim_t>(max_file_bytes)};
+        const rlimit limit{static_cast<rlim_t>(max_file_bytes),
+                           static_cast<rlim_t>(max_file_bytes)};
         ::setrlimit(RLIMIT_FSIZE, &limit);
       }
       const std::string bin = ThermoclineBinary();

@@ -54,9 +54,9 @@ TEST_CASE("admin: registration is confined to the allowed folders", "[admin][hos
              Post({{"path", (state / "link.gguf").string()}, {"name", "l"}}))
             .status == 403);
   // The corpus too.
-  const HttpResponse corpus = Http(
-      d.port(), "POST", "/admin/models",
-      Post({{"path", StoriesModel()}, {"name", "c"}, {"corpus", "/etc/shadow"}}));
+  const HttpResponse corpus =
+      Http(d.port(), "POST", "/admin/models",
+           Post({{"path", StoriesModel()}, {"name", "c"}, {"corpus", "/etc/shadow"}}));
   CHECK(corpus.status == 403);
   CHECK(ErrorCode(corpus) == "path_not_allowed");
   CHECK(Json(Http(d.port(), "GET", "/admin/models").body)["models"].empty());
@@ -74,9 +74,9 @@ TEST_CASE("admin: a FIFO or a path with a NUL byte is refused", "[admin][hostile
   CHECK(fifo.status == 400);
   CHECK(ErrorMessage(fifo).find("not a regular file") != std::string::npos);
   // "stories260K.gguf\0anything": C APIs would open the file before the NUL.
-  const HttpResponse nul = Http(d.port(), "POST", "/admin/models",
-                                Post({{"path", StoriesModel() + std::string(1, '\0') + "x"},
-                                      {"name", "n"}}));
+  const HttpResponse nul =
+      Http(d.port(), "POST", "/admin/models",
+           Post({{"path", StoriesModel() + std::string(1, '\0') + "x"}, {"name", "n"}}));
   CHECK(nul.status == 400);
   CHECK(ErrorCode(nul) == "invalid_value");
   CHECK(Http(d.port(), "GET", "/admin/models").status == 200);
@@ -111,8 +111,7 @@ TEST_CASE("admin: a full disk is 503 registry_unavailable, never 500", "[admin][
   CHECK(Http(d.port(), "GET", "/health").status == 200);
 }
 
-TEST_CASE("registry: a read-only state directory is 503 registry_unavailable",
-          "[admin][hostile]") {
+TEST_CASE("registry: a read-only state directory is 503 registry_unavailable", "[admin][hostile]") {
   const fs::path state = TempDir() / "readonly.state";
   {
     auto store = server::RegistryStore::Open(state.string());
@@ -123,7 +122,8 @@ TEST_CASE("registry: a read-only state directory is 503 registry_unavailable",
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) ||
+    if (::unshare(CLONE_NEWNS) != 0 ||
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) ||
         ::mount(state.c_str(), state.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
         ::mount(nullptr, state.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr) != 0) {
       ::_exit(77);

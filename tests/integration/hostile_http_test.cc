@@ -107,8 +107,8 @@ TEST_CASE("a chunked body over the limit is refused as it arrives", "[server][ho
   REQUIRE_STORIES_MODEL();
   DaemonProcess d("[server]\nmax_body_bytes = 1048576\n");
   HttpConnection c(d.port(), 5000);
-  c.SendRaw(Head("POST", "/tokenize",
-                 {"Content-Type: application/json", "Transfer-Encoding: chunked"}));
+  c.SendRaw(
+      Head("POST", "/tokenize", {"Content-Type: application/json", "Transfer-Encoding: chunked"}));
   const std::string chunk(64 << 10, 'a');
   char size_line[32];
   std::snprintf(size_line, sizeof(size_line), "%zx\r\n", chunk.size());
@@ -134,8 +134,9 @@ TEST_CASE("the API key is checked before the body is read", "[server][hostile]")
   CHECK(r.header("connection") == "close");
   // The same for the admin API, and with 100-continue (the body is never asked for).
   HttpConnection e(d.port(), 3000);
-  e.SendRaw(Head("POST", "/admin/models",
-                 {"Content-Type: application/json", "Content-Length: 100", "Expect: 100-continue"}));
+  e.SendRaw(
+      Head("POST", "/admin/models",
+           {"Content-Type: application/json", "Content-Length: 100", "Expect: 100-continue"}));
   CHECK(e.ReadResponse().status == 401);
 }
 
@@ -258,8 +259,8 @@ TEST_CASE("request bodies held at once are bounded", "[server][hostile]") {
   REQUIRE_STORIES_MODEL();
   // server.max_inflight_bytes is 16 bodies of the largest size by default.
   DaemonProcess d("[server]\nmax_body_bytes = 65536\n");
-  const std::string head = Head("POST", "/tokenize",
-                                {"Content-Type: application/json", "Content-Length: 65536"});
+  const std::string head =
+      Head("POST", "/tokenize", {"Content-Type: application/json", "Content-Length: 65536"});
   std::vector<std::unique_ptr<HttpConnection>> held;
   for (int i = 0; i < 16; ++i) {
     held.push_back(std::make_unique<HttpConnection>(d.port(), 3000));
@@ -280,8 +281,8 @@ TEST_CASE("request bodies held at once are bounded", "[server][hostile]") {
 TEST_CASE("a tokenize call is bounded in text", "[server][hostile]") {
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;  // server.max_tokenize_bytes = 1 MiB
-  const HttpResponse big = Http(d.port(), "POST", "/tokenize",
-                                Post({{"content", std::string((1 << 20) + 1, 'a')}}));
+  const HttpResponse big =
+      Http(d.port(), "POST", "/tokenize", Post({{"content", std::string((1 << 20) + 1, 'a')}}));
   CHECK(big.status == 400);
   CHECK(ErrorCode(big) == "text_too_long");
   CHECK(Http(d.port(), "POST", "/tokenize", Post({{"content", std::string(1000, 'a')}})).status ==
@@ -292,8 +293,8 @@ TEST_CASE("the listen backlog is larger than cpp-httplib's 5", "[server][hostile
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;  // server.listen_backlog = 1024
   // ss shows a listening socket's backlog as its Send-Q.
-  FILE* p = ::popen(("ss -ltnH 'sport = :" + std::to_string(d.port()) + "' 2>/dev/null").c_str(),
-                    "r");
+  FILE* p =
+      ::popen(("ss -ltnH 'sport = :" + std::to_string(d.port()) + "' 2>/dev/null").c_str(), "r");
   std::string out;
   char buf[512];
   while (p != nullptr && std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
@@ -311,8 +312,8 @@ TEST_CASE("JSON routes take JSON only; Host and Origin are checked", "[server][h
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
   // A page of another site can send text/plain without a preflight: refused.
-  HttpResponse r = Http(d.port(), "POST", "/v1/completions", kCompletion,
-                        {{"Content-Type", "text/plain"}});
+  HttpResponse r =
+      Http(d.port(), "POST", "/v1/completions", kCompletion, {{"Content-Type", "text/plain"}});
   CHECK(r.status == 415);
   CHECK(ErrorCode(r) == "unsupported_media_type");
   CHECK(Http(d.port(), "POST", "/v1/completions", kCompletion,
@@ -392,11 +393,11 @@ TEST_CASE("framing: bodyless POST, duplicate Content-Length, Range, NUL in a pat
   CHECK(r.status == 400);
   CHECK(two.ClosedByServer(2000));
   HttpConnection same(d.port(), 3000);
-  same.SendRaw(Head("POST", "/tokenize",
-                    {"Content-Type: application/json",
-                     "Content-Length: " + std::to_string(body.size()),
-                     "Content-Length: " + std::to_string(body.size()), "Connection: close"}) +
-               body);
+  same.SendRaw(
+      Head("POST", "/tokenize",
+           {"Content-Type: application/json", "Content-Length: " + std::to_string(body.size()),
+            "Content-Length: " + std::to_string(body.size()), "Connection: close"}) +
+      body);
   CHECK(same.ReadResponse().status == 200);
   // API responses are not byte ranges.
   r = Http(d.port(), "GET", "/v1/models", "", {{"Range", "bytes=0-3"}});

@@ -1,12 +1,13 @@
 // Unit tests of the HTTP front end's pure parts: the bounded request-head parser and its
 // rewrite for cpp-httplib, the chunked-body follower, the request policy (Host, Origin, keys,
 // media types, routes with bodies) and the path policy of registrations.
+#include "server/http_head.h"
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
 #include "server/config.h"
-#include "server/http_head.h"
 #include "server/http_policy.h"
 #include "server/path_policy.h"
 #include "test_util.h"
@@ -37,7 +38,7 @@ TEST_CASE("request head: parse, framing and the rewrite for cpp-httplib", "[serv
   CHECK(h.Field("host") == "x");
   CHECK(h.head_bytes == std::string("\r\nGET /v1/models/a%2Fb?x=1 HTTP/1.1\r\nHost:  x  \r\n"
                                     "Range: bytes=0-1\r\n\r\n")
-                           .size());
+                            .size());
   CHECK(h.normalized == "GET /v1/models/a%2Fb?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");  // no Range
   CHECK(h.framing == BodyFraming::kNone);
   // Bare LF line ends are accepted and written back with CRLF.
@@ -116,9 +117,9 @@ TEST_CASE("chunked body: followed across reads, bounded, no trailers", "[server]
 RequestPolicy::Fields FieldsOf(std::map<std::string, std::string> m) {
   return [m](std::string_view name) {
     for (const auto& [k, v] : m) {
-      if (k.size() == name.size() && std::equal(k.begin(), k.end(), name.begin(), [](char a, char b) {
-            return std::tolower(a) == std::tolower(b);
-          })) {
+      if (k.size() == name.size() &&
+          std::equal(k.begin(), k.end(), name.begin(),
+                     [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
         return v;
       }
     }

@@ -33,15 +33,14 @@ TEST_CASE("pending: a model file replaced by a FIFO blocks nothing", "[.][pendin
   const fs::path model = state / "swapped.gguf";
   fs::copy_file(StoriesModel(), model);
   DaemonProcess d(StateToml(state));
-  REQUIRE(Http(d.port(), "POST", "/admin/models",
-               Post({{"path", model.string()}, {"name", "swapped"}}))
-              .status == 201);
+  REQUIRE(
+      Http(d.port(), "POST", "/admin/models", Post({{"path", model.string()}, {"name", "swapped"}}))
+          .status == 201);
   fs::remove(model);
   REQUIRE(::mkfifo(model.c_str(), 0644) == 0);
   auto gen = std::async(std::launch::async, [&] {
     HttpConnection c(d.port(), 10000);
-    c.Send("POST", "/v1/completions",
-           R"({"model":"swapped","prompt":"Once","max_tokens":4})");
+    c.Send("POST", "/v1/completions", R"({"model":"swapped","prompt":"Once","max_tokens":4})");
     return c.ReadResponse().status;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -92,9 +91,9 @@ TEST_CASE("pending: a delete on a full disk changes nothing", "[.][pending][host
   std::vector<std::string> names;
   for (int i = 0; i < 400; ++i) {
     const std::string name = "m" + std::to_string(i);
-    const HttpResponse r = Http(d.port(), "POST", "/admin/models",
-                                Post({{"path", TestModelPath("missing-" + name + ".gguf")},
-                                      {"name", name}}));
+    const HttpResponse r =
+        Http(d.port(), "POST", "/admin/models",
+             Post({{"path", TestModelPath("missing-" + name + ".gguf")}, {"name", name}}));
     if (r.status != 201) break;
     names.push_back(name);
   }
