@@ -7,6 +7,8 @@ PACKAGES=(
   libcpp-httplib-dev libtomlplusplus-dev libsqlite3-dev
   protobuf-compiler protobuf-compiler-grpc libgrpc++-dev libprotobuf-dev python3-grpcio
   python3-protobuf python3-jinja2
+  # tests/deploy: YAML lint and parsing of the manifests; ss for the listen-backlog test
+  yamllint python3-yaml iproute2
 )
 # Node.js and npm drive the end-to-end test with the official OpenAI client. A machine that
 # already has them (from any source) keeps its own; Debian's packages conflict with others.

@@ -171,6 +171,18 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   server.Get<int64_t>("http_threads", &c->http_threads);
   server.Get<int64_t>("read_timeout_s", &c->read_timeout_s);
   server.Get<int64_t>("write_timeout_s", &c->write_timeout_s);
+  server.Get<int64_t>("header_timeout_s", &c->header_timeout_s);
+  server.Get<int64_t>("body_timeout_s", &c->body_timeout_s);
+  server.Get<int64_t>("keep_alive_s", &c->keep_alive_s);
+  server.Get<int64_t>("max_header_bytes", &c->max_header_bytes);
+  server.Get<int64_t>("max_headers", &c->max_headers);
+  server.Get<int64_t>("max_connections", &c->max_connections);
+  server.Get<int64_t>("max_connections_per_client", &c->max_connections_per_client);
+  server.Get<int64_t>("max_inflight_bytes", &c->max_inflight_bytes);
+  server.Get<int64_t>("listen_backlog", &c->listen_backlog);
+  server.Get<int64_t>("max_tokenize_bytes", &c->max_tokenize_bytes);
+  server.GetStringList("allowed_hosts", &c->allowed_hosts);
+  server.GetStringList("cors_allowed_origins", &c->cors_allowed_origins);
   server.Get<int64_t>("shutdown_timeout_s", &c->shutdown_timeout_s);
   server.Get<std::string>("admin_key", &c->admin_key);
   if (absl::Status s = server.Finish(); !s.ok()) return s;
@@ -216,6 +228,7 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   reg.Get<int64_t>("profile_tokens", &c->profile_tokens);
   reg.Get<double>("solve_time_limit_s", &c->solve_time_limit_s);
   reg.Get<std::string>("hardware", &c->hardware);
+  reg.GetStringList("allowed_paths", &c->allowed_paths);
   if (absl::Status s = reg.Finish(); !s.ok()) return s;
 
   return ReadModels(root.get("models"), c);
@@ -254,6 +267,16 @@ absl::Status FinalizeConfig(ServerConfig* c) {
         range("server.read_timeout_s", c->read_timeout_s, 1, 86400),
         range("server.write_timeout_s", c->write_timeout_s, 1, 86400),
         range("server.shutdown_timeout_s", c->shutdown_timeout_s, 0, 86400),
+        range("server.header_timeout_s", c->header_timeout_s, 1, 3600),
+        range("server.body_timeout_s", c->body_timeout_s, 1, 86400),
+        range("server.keep_alive_s", c->keep_alive_s, 1, 3600),
+        range("server.max_header_bytes", c->max_header_bytes, 1024, 1 << 20),
+        range("server.max_headers", c->max_headers, 8, 10000),
+        range("server.max_connections", c->max_connections, 8, 1 << 20),
+        range("server.max_connections_per_client", c->max_connections_per_client, 0, 1 << 20),
+        range("server.max_inflight_bytes", c->max_inflight_bytes, 0, int64_t{1} << 40),
+        range("server.listen_backlog", c->listen_backlog, 1, 65535),
+        range("server.max_tokenize_bytes", c->max_tokenize_bytes, 1, int64_t{1} << 32),
         range("scheduler.retry_after_s", c->retry_after_s, 0, 86400),
         range("sampling.max_tokens", c->default_max_tokens, 0, 1 << 24),
         range("sampling.max_stop_strings", c->max_stop_strings, 0, 1024),
@@ -308,6 +331,19 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     c->threads_per_slot = std::max(1, ThreadPool::DefaultThreads() / c->slots);
   }
   if (c->http_threads == 0) c->http_threads = c->slots + c->queue + 8;
+  if (c->max_inflight_bytes == 0) c->max_inflight_bytes = 16 * c->max_body_bytes;
+  if (c->max_inflight_bytes < c->max_body_bytes) {
+    return KeyError("server.max_inflight_bytes",
+                    "must be at least server.max_body_bytes (one whole request)");
+  }
+  for (const std::string& o : c->cors_allowed_origins) {
+    if (o != "*" && o.find("://") == std::string::npos) {
+      return KeyError("server.cors_allowed_origins",
+                      absl::StrCat("'", o,
+                                   "' is not an origin: write scheme://host[:port] "
+                                   "(e.g. http://localhost:3000) or \"*\""));
+    }
+  }
   if (c->state_dir.empty()) {
     const char* xdg = std::getenv("XDG_STATE_HOME");
     const char* home = std::getenv("HOME");
@@ -315,6 +351,15 @@ absl::Status FinalizeConfig(ServerConfig* c) {
       c->state_dir = (std::filesystem::path(xdg) / "thermocline").string();
     } else if (home != nullptr && *home != '\0') {
       c->state_dir = (std::filesystem::path(home) / ".local/state/thermocline").string();
+    }
+  }
+  if (c->allowed_paths.empty()) {
+    if (!c->state_dir.empty()) c->allowed_paths.push_back(c->state_dir);
+    for (const ModelConfig& m : c->models) {
+      std::error_code ec;
+      const std::filesystem::path dir =
+          std::filesystem::absolute(m.path, ec).lexically_normal().parent_path();
+      if (!ec && !dir.empty()) c->allowed_paths.push_back(dir.string());
     }
   }
   return absl::OkStatus();

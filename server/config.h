@@ -40,10 +40,22 @@ struct ServerConfig {
   int port = 8080;                    // 0: any free port (printed on stdout)
   int grpc_port = 50051;              // gRPC front end on host; 0: any free port; -1: off
   std::vector<std::string> api_keys;  // empty: no authentication
-  int64_t max_body_bytes = 4 << 20;
-  int http_threads = 0;  // 0: slots + queue + 8
-  int read_timeout_s = 30;
+  int64_t max_body_bytes = 4 << 20;   // decoded (after gzip/br), also for chunked bodies
+  int http_threads = 0;               // workers serving requests; 0: slots + queue + 8
+  int read_timeout_s = 30;            // longest pause between the bytes of a request
   int write_timeout_s = 30;
+  int header_timeout_s = 10;            // a request head must arrive within this of its first byte
+  int body_timeout_s = 60;              // and its body within this of the head's end
+  int keep_alive_s = 5;                 // an idle connection is closed after this
+  int64_t max_header_bytes = 32 << 10;  // request line + header fields
+  int max_headers = 100;                // header fields per request
+  int max_connections = 1024;           // open at once (idle ones too); beyond: 503 at once
+  int max_connections_per_client = 64;  // per remote address; 0: no limit
+  int64_t max_inflight_bytes = 0;       // request bodies held at once; 0: 16 x max_body_bytes
+  int listen_backlog = 1024;
+  int64_t max_tokenize_bytes = 1 << 20;           // text per /tokenize call (HTTP and gRPC)
+  std::vector<std::string> allowed_hosts;         // Host header names; empty: see FinalizeConfig
+  std::vector<std::string> cors_allowed_origins;  // empty: CORS off; "*": any origin
   int shutdown_timeout_s = 10;  // graceful-stop budget before in-flight requests are cancelled
   std::string admin_key;        // /admin/*: this key; "" = the API keys (if any)
 
@@ -77,6 +89,9 @@ struct ServerConfig {
   // --gpu-memory/--gpu-layers` set them too).
   std::string gpu_memory;
   std::string gpu_layers;
+  // Folders whose files may be registered as models or corpora; empty: the state directory and
+  // the folders of the configured [[models]] (FinalizeConfig fills it in).
+  std::vector<std::string> allowed_paths;
 
   // [debug]
   int decode_delay_ms = 0;     // sleep after each token: makes the tiny test models slow

@@ -45,6 +45,10 @@ absl::Status Unauthenticated(std::string_view message) {
               message);
 }
 
+absl::Status Forbidden(std::string_view code, std::string_view message) {
+  return Make(absl::StatusCode::kPermissionDenied, "permission_error", code, "", message);
+}
+
 absl::Status Unavailable(std::string_view code, std::string_view message) {
   return Make(absl::StatusCode::kUnavailable, "unavailable_error", code, "", message);
 }
@@ -70,6 +74,10 @@ ApiError ToApiError(const absl::Status& status) {
     case absl::StatusCode::kUnauthenticated:
       e.http_status = 401;
       if (e.type.empty()) e.type = "authentication_error";
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      e.http_status = 403;
+      if (e.type.empty()) e.type = "permission_error";
       break;
     case absl::StatusCode::kNotFound:
       e.http_status = 404;

@@ -24,6 +24,8 @@ absl::Status ContextExceeded(std::string_view message);
 absl::Status NotFound(std::string_view code, std::string_view message);
 // 401 authentication_error.
 absl::Status Unauthenticated(std::string_view message);
+// 403 permission_error: the request is understood and refused (e.g. "path_not_allowed").
+absl::Status Forbidden(std::string_view code, std::string_view message);
 // 503 unavailable_error: "queue_full", "model_loading", "shutting_down".
 absl::Status Unavailable(std::string_view code, std::string_view message);
 

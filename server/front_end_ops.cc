@@ -17,6 +17,14 @@ absl::StatusOr<ModelLease> ResolveModel(ModelRegistry& registry, std::string_vie
   return registry.FindOrLoad(models.front()->config.name);
 }
 
+absl::Status CheckTokenizeSize(size_t bytes, const ServerConfig& config) {
+  if (bytes <= static_cast<size_t>(config.max_tokenize_bytes)) return absl::OkStatus();
+  return InvalidRequest(
+      "content", "text_too_long",
+      absl::StrCat("the text is ", bytes, " bytes; a tokenize call takes at most ",
+                   config.max_tokenize_bytes, " (server.max_tokenize_bytes): split it"));
+}
+
 std::vector<int32_t> TokenizeText(const LoadedModel& model, std::string_view text,
                                   bool add_special) {
   return model.encoder->Encode(text, add_special && model.tokenizer().add_bos());

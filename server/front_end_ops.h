@@ -25,6 +25,10 @@ namespace thermocline::server {
 // Unavailable as ModelRegistry::FindOrLoad.
 absl::StatusOr<ModelLease> ResolveModel(ModelRegistry& registry, std::string_view name);
 
+// InvalidRequest when a text to tokenize is longer than server.max_tokenize_bytes: tokenizing
+// costs tens of bytes of memory per byte of text, so a call's work is bounded.
+absl::Status CheckTokenizeSize(size_t bytes, const ServerConfig& config);
+
 // Token ids of `text`; with `add_special`, BOS first when the model wants one.
 std::vector<int32_t> TokenizeText(const LoadedModel& model, std::string_view text,
                                   bool add_special);

@@ -10,7 +10,6 @@ namespace thermocline::server {
 namespace {
 
 namespace pb = thermocline::v1;
-namespace health = grpc::health::v1;
 
 // The one mapping of the lifecycle to the gRPC enum (a job's states; the serving states a
 // registered model's job never takes map to unspecified).
@@ -47,14 +46,14 @@ bool Terminal(const ModelInfo& info) { return IsSettled(info.state); }
 
 void ToProto(const ModelInfo& info, pb::ModelInfo* out) {
   out->set_name(info.name);
-  out->set_path(info.path);
+  out->set_path(ProtoText(info.path));
   out->set_activation(info.activation);
   out->set_state(StateOf(info.state));
   out->set_stage(info.stage);
   out->set_percent(info.percent);
   out->set_eta_s(info.eta_s);
-  out->set_last_error(info.last_error);
-  out->set_sidecar_path(info.sidecar_path);
+  out->set_last_error(ProtoText(info.last_error));
+  out->set_sidecar_path(ProtoText(info.sidecar_path));
   out->set_mode(info.mode);
   out->set_loaded(info.loaded);
   out->set_created_at(info.created_at);
@@ -93,6 +92,7 @@ grpc::Status AdminService::RegisterModel(grpc::ServerContext* context,
   spec.profile_tokens = request->profile_tokens();
   spec.gpu_memory = request->gpu_memory();
   spec.gpu_layers = request->gpu_layers();
+  if (absl::Status s = paths_.ConfineRegistration(&spec); !s.ok()) return ToGrpcStatus(s);
   auto info = shared_->admin->Register(spec);
   if (!info.ok()) return ToGrpcStatus(info.status());
   ToProto(*info, response);
@@ -165,42 +165,6 @@ grpc::Status AdminService::WatchModel(grpc::ServerContext* context,
       if (info->version > seen) break;
     }
   }
-}
-
-grpc::Status HealthService::Check(grpc::ServerContext* context,
-                                  const health::HealthCheckRequest* request,
-                                  health::HealthCheckResponse* response) {
-  const std::string& service = request->service();
-  if (!service.empty() && service != "thermocline.v1.Inference" &&
-      service != "thermocline.v1.Admin" && service != "grpc.health.v1.Health") {
-    return grpc::Status(
-        grpc::StatusCode::NOT_FOUND,
-        "unknown service '" + service + "': ask for \"\" (the server) or thermocline.v1.Inference");
-  }
-  response->set_status(shared_->serving() ? health::HealthCheckResponse::SERVING
-                                          : health::HealthCheckResponse::NOT_SERVING);
-  return grpc::Status::OK;
-}
-
-grpc::Status HealthService::Watch(grpc::ServerContext* context,
-                                  const health::HealthCheckRequest* request,
-                                  grpc::ServerWriter<health::HealthCheckResponse>* writer) {
-  health::HealthCheckResponse response;
-  bool first = true;
-  health::HealthCheckResponse::ServingStatus last = health::HealthCheckResponse::UNKNOWN;
-  while (!context->IsCancelled()) {
-    health::HealthCheckResponse::ServingStatus now = health::HealthCheckResponse::SERVICE_UNKNOWN;
-    if (Check(context, request, &response).ok()) now = response.status();
-    if (first || now != last) {
-      response.set_status(now);
-      if (!writer->Write(response)) break;
-      first = false;
-      last = now;
-    }
-    if (shared_->draining.load()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return grpc::Status::OK;
 }
 
 }  // namespace thermocline::server

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/utf8.h"
 #include "server/errors.h"
 
 namespace thermocline::server {
@@ -79,6 +80,8 @@ grpc::Status CheckApiKey(const grpc::ServerContextBase& context,
                       "Bearer KEY' with "
                       "one of the server's keys");
 }
+
+std::string ProtoText(std::string_view text) { return SanitizeUtf8(text); }
 
 Clock::time_point CallDeadline(const grpc::ServerContextBase& context) {
   const std::chrono::system_clock::time_point deadline = context.deadline();

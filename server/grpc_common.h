@@ -43,6 +43,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 grpc::Status CheckApiKey(const grpc::ServerContextBase& context,
                          const std::vector<std::string>& keys);
 
+// Text for a proto3 `string` field, which must be valid UTF-8 (clients refuse a message
+// otherwise): ill-formed parts become U+FFFD, as in the HTTP API's JSON. Token pieces may be
+// parts of a character (byte tokens); the text of all the tokens together is whole.
+std::string ProtoText(std::string_view text);
+
 // The call's deadline as a point on Clock (steady); Clock::time_point::max() when it has none.
 Clock::time_point CallDeadline(const grpc::ServerContextBase& context);
 

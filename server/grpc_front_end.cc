@@ -13,6 +13,7 @@
 #include "absl/strings/str_replace.h"
 #include "server/errors.h"
 #include "server/grpc_admin_service.h"
+#include "server/grpc_health_service.h"
 #include "server/grpc_inference_service.h"
 #include "spdlog/spdlog.h"
 
@@ -59,23 +60,36 @@ std::string MethodLabel(const char* method) {
   return std::string(m);
 }
 
-// Counts every finished call in thermocline_requests_total{frontend="grpc"}, as the HTTP front
-// end counts its requests: when the status goes out (so a client that has its answer sees it
-// counted), or as CANCELLED when the call ends without one.
-class CountingInterceptor final : public gx::Interceptor {
+// On every call: counts it in thermocline_requests_total{frontend="grpc"} (when there are
+// metrics), as the HTTP front end counts its requests: when the status goes out (so a client that
+// has its answer sees it counted), or as CANCELLED when the call ends without one. And repairs
+// the status of a request that does not parse: gRPC 1.51 answers it UNIMPLEMENTED (callback
+// methods) or INTERNAL (synchronous ones), with no message; our handlers never send either
+// without one, so for a method this server has, that status means an unparseable request.
+class FrontInterceptor final : public gx::Interceptor {
  public:
-  CountingInterceptor(Metrics* metrics, std::string method)
+  FrontInterceptor(Metrics* metrics, std::string method)
       : metrics_(metrics), method_(std::move(method)) {}
-  ~CountingInterceptor() override {
-    if (!counted_) metrics_->CountRequest("grpc", method_, "CANCELLED");
+  ~FrontInterceptor() override {
+    if (!counted_ && metrics_ != nullptr) metrics_->CountRequest("grpc", method_, "CANCELLED");
   }
 
   void Intercept(gx::InterceptorBatchMethods* methods) override {
     if (!counted_ &&
         methods->QueryInterceptionHookPoint(gx::InterceptionHookPoints::PRE_SEND_STATUS)) {
       counted_ = true;
-      metrics_->CountRequest("grpc", method_,
-                             StatusCodeName(methods->GetSendStatus().error_code()));
+      grpc::Status status = methods->GetSendStatus();
+      if (method_ != "other" && status.error_message().empty() &&
+          (status.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+           status.error_code() == grpc::StatusCode::INTERNAL)) {
+        status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "the request message could not be parsed as the method's request "
+                              "type (see proto/thermocline/v1)");
+        methods->ModifySendStatus(status);
+      }
+      if (metrics_ != nullptr) {
+        metrics_->CountRequest("grpc", method_, StatusCodeName(status.error_code()));
+      }
     }
     methods->Proceed();
   }
@@ -86,11 +100,11 @@ class CountingInterceptor final : public gx::Interceptor {
   bool counted_ = false;
 };
 
-class CountingInterceptorFactory final : public gx::ServerInterceptorFactoryInterface {
+class FrontInterceptorFactory final : public gx::ServerInterceptorFactoryInterface {
  public:
-  explicit CountingInterceptorFactory(Metrics* metrics) : metrics_(metrics) {}
+  explicit FrontInterceptorFactory(Metrics* metrics) : metrics_(metrics) {}
   gx::Interceptor* CreateServerInterceptor(gx::ServerRpcInfo* info) override {
-    return new CountingInterceptor(metrics_, MethodLabel(info->method()));
+    return new FrontInterceptor(metrics_, MethodLabel(info->method()));
   }
 
  private:
@@ -112,6 +126,16 @@ GrpcFrontEnd::GrpcFrontEnd(const ServerConfig& config, ModelRegistry* registry, 
 
 GrpcFrontEnd::~GrpcFrontEnd() { Shutdown(Clock::now()); }
 
+void GrpcFrontEnd::SetScheduler(Scheduler* scheduler) {
+  shared_.scheduler.store(scheduler);
+  health_->Notify();
+}
+
+void GrpcFrontEnd::SetDraining() {
+  shared_.draining.store(true);
+  health_->Notify();
+}
+
 absl::StatusOr<int> GrpcFrontEnd::Start() {
   // Registers the reflection service with every builder made after it (process-wide, once).
   static const bool reflection = [] {
@@ -130,11 +154,9 @@ absl::StatusOr<int> GrpcFrontEnd::Start() {
   builder.RegisterService(health_.get());
   // A generation request is small; a prompt of token ids may be long, but 16 MiB is plenty.
   builder.SetMaxReceiveMessageSize(16 << 20);
-  if (metrics_ != nullptr) {
-    std::vector<std::unique_ptr<gx::ServerInterceptorFactoryInterface>> interceptors;
-    interceptors.push_back(std::make_unique<CountingInterceptorFactory>(metrics_));
-    builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  }
+  std::vector<std::unique_ptr<gx::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<FrontInterceptorFactory>(metrics_));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();

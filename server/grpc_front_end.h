@@ -33,9 +33,9 @@ class GrpcFrontEnd {
   absl::StatusOr<int> Start();
   // Generation calls answer UNAVAILABLE "loading" and health NOT_SERVING until a started scheduler
   // is set. Thread-safe.
-  void SetScheduler(Scheduler* scheduler) { shared_.scheduler.store(scheduler); }
+  void SetScheduler(Scheduler* scheduler);
   // New generation calls answer UNAVAILABLE, health turns NOT_SERVING, watches end. Thread-safe.
-  void SetDraining() { shared_.draining.store(true); }
+  void SetDraining();
   // Drains: new calls are refused (UNAVAILABLE) while the streams in flight get until `deadline`
   // to finish; then stops the server, cancelling what still runs (the jobs stop after their
   // current token). Blocks until every call has ended. Idempotent.

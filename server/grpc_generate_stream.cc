@@ -65,12 +65,12 @@ bool GenerateStream::OnDelta(std::string_view text, absl::Span<const TokenLogpro
       if (!logprobs_) continue;
       pb::TokenLogprob* lp = pending_.add_logprobs();
       lp->set_token_id(t.id);
-      lp->set_token(tokenizer_->TokenToPiece(t.id));
+      lp->set_token(ProtoText(tokenizer_->TokenToPiece(t.id)));
       lp->set_logprob(t.logprob);
       for (const Sampler::TokenLogprob& alt : t.top) {
         pb::TopLogprob* top = lp->add_top();
         top->set_token_id(alt.id);
-        top->set_token(tokenizer_->TokenToPiece(alt.id));
+        top->set_token(ProtoText(tokenizer_->TokenToPiece(alt.id)));
         top->set_logprob(alt.logprob);
       }
     }
@@ -145,7 +145,8 @@ void GenerateStream::OnFinish(StopReason reason, CancelReason cancel,
       t->set_decode_tokens_per_second(stats.completion_tokens >= 2 && decode_s > 0
                                           ? (stats.completion_tokens - 1) / decode_s
                                           : 0);
-      if (stop == pb::GenerateResponse::ERROR) pending_.set_error(std::string(error.message()));
+      if (stop == pb::GenerateResponse::ERROR)
+        pending_.set_error(ProtoText(std::string(error.message())));
       has_pending_ = true;
       write = TakeWriteLocked();
     }

@@ -126,11 +126,15 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
   if (grpc::Status s = CheckApiKey(*context, shared_->config->api_keys); !s.ok()) {
     return Reply(context, s);
   }
+  if (absl::Status s = CheckTokenizeSize(request->text().size(), *shared_->config); !s.ok()) {
+    return Reply(context, ToGrpcStatus(s));
+  }
   auto model = ResolveModel(*shared_->registry, request->model());
   if (!model.ok()) return Reply(context, ToGrpcStatus(model.status()));
   for (int32_t id : TokenizeText(**model, request->text(), request->add_special())) {
     response->add_tokens(id);
-    if (request->with_pieces()) response->add_pieces((*model)->tokenizer().TokenToPiece(id));
+    if (request->with_pieces())
+      response->add_pieces(ProtoText((*model)->tokenizer().TokenToPiece(id)));
   }
   return Reply(context, grpc::Status::OK);
 }
@@ -146,7 +150,7 @@ grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerConte
   const std::vector<int64_t> ids(request->tokens().begin(), request->tokens().end());
   auto text = DetokenizeIds(**model, ids);
   if (!text.ok()) return Reply(context, ToGrpcStatus(text.status()));
-  response->set_text(std::move(*text));
+  response->set_text(ProtoText(*text));
   return Reply(context, grpc::Status::OK);
 }
 

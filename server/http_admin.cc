@@ -1,13 +1,15 @@
 // The admin endpoints of the HTTP front end: /admin/models (register, list), /admin/models/NAME
 // (show, delete), /admin/models/NAME/cancel and /admin/models/NAME/events (an SSE stream of the
 // model's JSON on every change, ending after a terminal state or deletion). They translate
-// HTTP to the ModelAdmin contract (server/model_admin.h), which the gRPC admin service shares,
-// and require the admin key when one is configured.
+// HTTP to the ModelAdmin contract (server/model_admin.h), which the gRPC admin service shares;
+// the admin key is checked before them (server/http_policy.h), and registered files must lie in
+// the allowed folders (server/path_policy.h).
 #include <httplib.h>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "server/errors.h"
+#include "server/http_connection.h"
 #include "server/http_server.h"
 #include "server/openai_request.h"
 
@@ -79,15 +81,10 @@ bool Terminal(const ModelInfo& info) { return IsSettled(info.state); }
 void HttpFrontEnd::AdminRoutes() {
   using httplib::Request;
   using httplib::Response;
-  // Every admin handler: the admin key, then a model admin (there is none when the state
-  // directory could not be opened).
+  // Every admin handler needs a model admin (there is none when the state directory could not be
+  // opened).
   auto admin = [this](auto handler) {
     return [this, handler](const Request& req, Response& res) {
-      if (!AdminAuthorized(req)) {
-        return SendError(res, Unauthenticated("the admin API needs the admin key (or the API key "
-                                              "when no admin key is set): 'Authorization: "
-                                              "Bearer KEY'"));
-      }
       ModelAdmin* a = admin_.load();
       if (a == nullptr) {
         return SendError(res, Unavailable("registry_unavailable",
@@ -97,11 +94,22 @@ void HttpFrontEnd::AdminRoutes() {
       handler(*a, req, res);
     };
   };
-  http_->Post("/admin/models", admin([this](ModelAdmin& a, const Request& req, Response& res) {
-                auto body = ParseJsonObject(req.body);
+  // Routes that may carry a body read it bounded (WithBody), even where they ignore it.
+  auto with_body = [this, admin](auto handler) {
+    return WithBody([admin, handler](const Request& req, Response& res, const std::string& body) {
+      admin([&](ModelAdmin& a, const Request& r, Response& out) { handler(a, r, out, body); })(req,
+                                                                                               res);
+    });
+  };
+  http_->Post("/admin/models", with_body([this](ModelAdmin& a, const Request&, Response& res,
+                                                const std::string& raw) {
+                auto body = ParseJsonObject(raw);
                 if (!body.ok()) return SendError(res, body.status());
                 auto spec = SpecFromJson(*body);
                 if (!spec.ok()) return SendError(res, spec.status());
+                if (absl::Status s = paths_.ConfineRegistration(&*spec); !s.ok()) {
+                  return SendError(res, s);
+                }
                 auto info = a.Register(*spec);
                 if (!info.ok()) return SendError(res, info.status());
                 res.status = 201;
@@ -119,19 +127,21 @@ void HttpFrontEnd::AdminRoutes() {
                res.set_content(Dump(ModelInfoJson(*info)), "application/json");
              }));
   http_->Delete(
-      R"(/admin/models/([^/]+))", admin([this](ModelAdmin& a, const Request& req, Response& res) {
+      R"(/admin/models/([^/]+))",
+      with_body([this](ModelAdmin& a, const Request& req, Response& res, const std::string&) {
         const std::string name = req.matches[1].str();
         if (absl::Status s = a.Delete(name); !s.ok()) return SendError(res, s);
         res.set_content(Dump(json{{"name", name}, {"deleted", true}}), "application/json");
       }));
-  http_->Post(R"(/admin/models/([^/]+)/cancel)",
-              admin([this](ModelAdmin& a, const Request& req, Response& res) {
-                const std::string name = req.matches[1].str();
-                if (absl::Status s = a.Cancel(name); !s.ok()) return SendError(res, s);
-                auto info = a.Get(name);
-                if (!info.ok()) return SendError(res, info.status());
-                res.set_content(Dump(ModelInfoJson(*info)), "application/json");
-              }));
+  http_->Post(
+      R"(/admin/models/([^/]+)/cancel)",
+      with_body([this](ModelAdmin& a, const Request& req, Response& res, const std::string&) {
+        const std::string name = req.matches[1].str();
+        if (absl::Status s = a.Cancel(name); !s.ok()) return SendError(res, s);
+        auto info = a.Get(name);
+        if (!info.ok()) return SendError(res, info.status());
+        res.set_content(Dump(ModelInfoJson(*info)), "application/json");
+      }));
   http_->Get(
       R"(/admin/models/([^/]+)/events)",
       admin([this](ModelAdmin& a, const Request& req, Response& res) {

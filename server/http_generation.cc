@@ -3,15 +3,19 @@
 // the gRPC front end (front_end_ops.h), gets a sink and is queued; a non-streamed response
 // waits for the whole result, a streamed one drains the SSE sink into httplib's chunked writer.
 // A failed write means the client left: the job is cancelled and its slot is free after the
-// current token.
+// current token. A non-streamed request watches its connection while it waits, so a client
+// that leaves cancels it too.
 #include <httplib.h>
 
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/utf8.h"
 #include "nlohmann/json.hpp"
 #include "server/errors.h"
 #include "server/front_end_ops.h"
 #include "server/http_access.h"
+#include "server/http_connection.h"
 #include "server/http_server.h"
+#include "server/json_text.h"
 #include "server/openai_request.h"
 #include "server/sinks.h"
 #include "spdlog/spdlog.h"
@@ -26,8 +30,8 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 }  // namespace
 
 void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Response& res,
-                                    ApiKind kind) {
-  auto body = ParseJsonObject(req.body);
+                                    const std::string& raw_body, ApiKind kind) {
+  auto body = ParseJsonObject(raw_body);
   if (!body.ok()) return SendError(res, body.status());
   auto spec = SpecFromOpenAi(*body, kind, req.body);
   if (!spec.ok()) return SendError(res, spec.status());
@@ -51,7 +55,16 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
     CollectingSink* sink = owned.get();
     job->sink = std::move(owned);
     if (absl::Status s = scheduler->Submit(job); !s.ok()) return SendError(res, s);
-    sink->Wait();
+    // How often a waiting request looks whether its client is still there.
+    constexpr auto kPoll = std::chrono::milliseconds(100);
+    ServedConnection* connection = ServedConnection::Current();
+    bool client_gone = false;
+    while (!sink->WaitFor(kPoll)) {
+      if (!client_gone && connection != nullptr && connection->PeerGone()) {
+        client_gone = true;
+        scheduler->Cancel(job, CancelReason::kClientGone);
+      }
+    }
     access.completion_tokens = sink->stats().completion_tokens;
     access.ttft_seconds = sink->stats().ttft_seconds;
     if (sink->reason() == StopReason::kError) {
@@ -107,8 +120,8 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
       });
 }
 
-void HttpFrontEnd::HandleTokenize(const httplib::Request& req, httplib::Response& res) {
-  auto body = ParseJsonObject(req.body);
+void HttpFrontEnd::HandleTokenize(const std::string& raw_body, httplib::Response& res) {
+  auto body = ParseJsonObject(raw_body);
   if (!body.ok()) return SendError(res, body.status());
   std::string model_name;  // "": the first model
   if (body->contains("model") && !(*body)["model"].is_null()) {
@@ -135,20 +148,31 @@ void HttpFrontEnd::HandleTokenize(const httplib::Request& req, httplib::Response
     *dst = (*body)[key].get<bool>();
   }
   const Tokenizer& tok = (*model)->tokenizer();
-  const std::vector<int32_t> ids = TokenizeText(**model, content.get<std::string>(), add_special);
-  json tokens = json::array();
-  for (int32_t id : ids) {
-    if (with_pieces) {
-      tokens.push_back({{"id", id}, {"piece", tok.TokenToPiece(id)}});
-    } else {
-      tokens.push_back(id);
+  const std::string& text = content.get_ref<const std::string&>();
+  if (absl::Status s = CheckTokenizeSize(text.size(), config_); !s.ok()) return SendError(res, s);
+  const std::vector<int32_t> ids = TokenizeText(**model, text, add_special);
+  // Written as text, not as a JSON tree: a tree costs hundreds of bytes per token. Pieces may be
+  // parts of a character (byte tokens): replaced as the rest of the API does.
+  std::string out = "{\"tokens\":[";
+  out.reserve(out.size() + ids.size() * (with_pieces ? 24 : 7));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out.push_back(',');
+    if (!with_pieces) {
+      AppendInt(&out, ids[i]);
+      continue;
     }
+    out.append("{\"id\":");
+    AppendInt(&out, ids[i]);
+    out.append(",\"piece\":");
+    AppendJsonString(&out, SanitizeUtf8(tok.TokenToPiece(ids[i])));
+    out.push_back('}');
   }
-  res.set_content(Dump(json{{"tokens", tokens}}), "application/json");
+  out.append("]}");
+  res.set_content(std::move(out), "application/json");
 }
 
-void HttpFrontEnd::HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
-  auto body = ParseJsonObject(req.body);
+void HttpFrontEnd::HandleDetokenize(const std::string& raw_body, httplib::Response& res) {
+  auto body = ParseJsonObject(raw_body);
   if (!body.ok()) return SendError(res, body.status());
   std::string model_name;  // "": the first model
   if (body->contains("model") && !(*body)["model"].is_null()) {

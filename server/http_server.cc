@@ -9,6 +9,7 @@
 #include "server/engine_report.h"
 #include "server/errors.h"
 #include "server/http_access.h"
+#include "server/http_connection.h"
 #include "server/model_metrics.h"
 #include "server/openai_request.h"
 #include "spdlog/spdlog.h"
@@ -17,14 +18,6 @@ namespace thermocline::server {
 namespace {
 
 using nlohmann::json;
-
-// Equal-time comparison, so a key cannot be guessed byte by byte from response times.
-bool SameSecret(std::string_view given, std::string_view key) {
-  if (key.empty()) return false;
-  unsigned char diff = given.size() != key.size();
-  for (size_t i = 0; i < given.size(); ++i) diff |= given[i] ^ key[i % key.size()];
-  return diff == 0;
-}
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -58,19 +51,56 @@ json ModelObject(const ServedModel& m) {
           {"runs_on", engine ? RunsOnJson(engine->placement()) : json(nullptr)}};
 }
 
+ConnectionLimits LimitsOf(const ServerConfig& c) {
+  ConnectionLimits l;
+  l.head.max_bytes = static_cast<size_t>(c.max_header_bytes);
+  l.head.max_fields = static_cast<size_t>(c.max_headers);
+  l.max_body_bytes = static_cast<uint64_t>(c.max_body_bytes);
+  l.header_timeout = std::chrono::seconds(c.header_timeout_s);
+  l.body_timeout = std::chrono::seconds(c.body_timeout_s);
+  l.read_timeout = std::chrono::seconds(c.read_timeout_s);
+  l.idle_timeout = std::chrono::seconds(c.keep_alive_s);
+  l.write_timeout = std::chrono::seconds(c.write_timeout_s);
+  l.workers = c.http_threads;
+  l.max_connections = c.max_connections;
+  l.max_connections_per_client = c.max_connections_per_client;
+  l.max_inflight_bytes = static_cast<uint64_t>(c.max_inflight_bytes);
+  l.backlog = c.listen_backlog;
+  return l;
+}
+
+// Paths are client-chosen (and URL-decoded): no control characters into the log.
+std::string LoggedPath(const std::string& path) {
+  std::string out = path.substr(0, 256);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return out;
+}
+
 }  // namespace
 
 HttpFrontEnd::HttpFrontEnd(const ServerConfig& config, ModelRegistry* registry, Metrics* metrics)
     : config_(config),
       registry_(registry),
       metrics_(metrics),
-      http_(std::make_unique<httplib::Server>()) {
-  const size_t threads = static_cast<size_t>(config_.http_threads);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http_->set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
+      policy_(config),
+      paths_(config.allowed_paths) {
+  http_ = std::make_unique<GuardedServer>(
+      LimitsOf(config_),
+      [this](const RequestHead& head) {
+        return HeadVerdict{RefusedByHead(head), IsProbe(head.method, head.path)};
+      },
+      // Requests the connection layer answered itself: counted and logged like the others.
+      [this](const Refusal& r) {
+        metrics_->CountRequest("http", EndpointLabel(r.method, r.path), std::to_string(r.status));
+        if (!config_.access_log) return;
+        spdlog::info("{} {} {} {} total=0.000s refused: {}", r.remote_addr,
+                     r.method.empty() ? "-" : r.method, r.path.empty() ? "-" : LoggedPath(r.path),
+                     r.status, r.code);
+      });
   http_->set_read_timeout(config_.read_timeout_s, 0);
   http_->set_write_timeout(config_.write_timeout_s, 0);
-  http_->set_keep_alive_timeout(2);
   Routes();
 }
 
@@ -88,83 +118,116 @@ absl::StatusOr<int> HttpFrontEnd::Bind() {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.host, ":", config_.port,
                                                " (address in use or not available?)"));
   }
+  if (!http_->ApplyBacklog()) {
+    spdlog::warn("cannot raise the listen backlog to {}", config_.listen_backlog);
+  }
   return port;
 }
 
 void HttpFrontEnd::Listen() { http_->listen_after_bind(); }
 void HttpFrontEnd::Stop() { http_->stop(); }
 
-namespace {
-
-std::string RequestKey(const httplib::Request& req) {
-  std::string key = req.get_header_value("X-Api-Key");
-  const std::string auth = req.get_header_value("Authorization");
-  if (key.empty() && auth.size() > 7 && absl::EqualsIgnoreCase(auth.substr(0, 7), "Bearer ")) {
-    key = std::string(absl::StripAsciiWhitespace(auth.substr(7)));
-  }
-  return key;
-}
-
-}  // namespace
-
-bool HttpFrontEnd::AdminAuthorized(const httplib::Request& req) const {
-  if (config_.admin_key.empty()) return Authorized(req);
-  return SameSecret(RequestKey(req), config_.admin_key);
-}
-
-bool HttpFrontEnd::Authorized(const httplib::Request& req) const {
-  if (config_.api_keys.empty()) return true;
-  const std::string key = RequestKey(req);
-  bool ok = false;
-  for (const std::string& k : config_.api_keys) ok |= SameSecret(key, k);
-  return ok;
+bool HttpFrontEnd::RefusedByHead(const RequestHead& head) const {
+  const bool has_body = head.framing != BodyFraming::kNone &&
+                        !(head.framing == BodyFraming::kLength && head.content_length == 0);
+  return policy_
+      .Check(
+          head.method, head.path, [&](std::string_view name) { return head.Field(name); }, has_body)
+      .has_value();
 }
 
 void HttpFrontEnd::SendError(httplib::Response& res, const absl::Status& status) const {
-  const ApiError e = ToApiError(status);
+  SendApiError(res, ToApiError(status));
+}
+
+void HttpFrontEnd::SendApiError(httplib::Response& res, const ApiError& e) const {
   res.status = e.http_status;
   if (e.http_status == 503) res.set_header("Retry-After", std::to_string(config_.retry_after_s));
   res.set_content(ApiErrorJson(e), "application/json");
 }
 
+ApiError HttpFrontEnd::PayloadTooLarge() const {
+  return ApiError{413, "invalid_request_error", "payload_too_large", "",
+                  absl::StrCat("the request body is larger than ", config_.max_body_bytes,
+                               " bytes (server.max_body_bytes; counted after decompression)")};
+}
+
+std::function<void(const httplib::Request&, httplib::Response&, const httplib::ContentReader&)>
+HttpFrontEnd::WithBody(BodyHandler handler) {
+  return [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                              const httplib::ContentReader& reader) {
+    // The decoded bytes count (a small gzip body may inflate a thousandfold): reading stops at
+    // the limit instead of inflating the rest.
+    const size_t limit = static_cast<size_t>(config_.max_body_bytes);
+    std::string body;
+    bool too_large = false;
+    const bool ok = reader([&](const char* data, size_t n) {
+      if (body.size() + n > limit) {
+        too_large = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+    if (too_large) return SendApiError(res, PayloadTooLarge());
+    if (!ok) {
+      return SendError(res, InvalidRequest("", "invalid_body",
+                                           "the request body could not be read (a broken "
+                                           "chunked framing or compressed stream)"));
+    }
+    handler(req, res, body);
+  };
+}
+
 void HttpFrontEnd::Routes() {
   using httplib::Request;
   using httplib::Response;
-  // Every handler but /health needs the key when one is configured. The body has been read by
-  // then (bounded by max_body_bytes), so the connection stays usable.
-  auto guarded = [this](auto handler) {
-    return [this, handler](const Request& req, Response& res) {
-      if (!Authorized(req)) {
-        SendError(res, Unauthenticated("a valid API key is required: send 'Authorization: "
-                                       "Bearer KEY' or 'X-Api-Key: KEY'"));
-        return;
-      }
-      handler(req, res);
-    };
-  };
-  http_->set_pre_routing_handler([](const Request&, Response&) {
+  // Before any body is read: the policy (host, origin, key, media type), and a fresh access
+  // record. The connection layer has refused the same requests from their head already; this
+  // is where their answer is written.
+  http_->set_pre_routing_handler([this](const Request& req, Response& res) {
     CurrentAccess() = AccessRecord{std::chrono::steady_clock::now()};
-    return httplib::Server::HandlerResponse::Unhandled;
+    const bool has_body =
+        req.has_header("Transfer-Encoding") ||
+        httplib::detail::get_header_value<uint64_t>(req.headers, "Content-Length", 0, 0) > 0;
+    auto refusal = policy_.Check(
+        req.method, req.path,
+        [&](std::string_view name) { return req.get_header_value(std::string(name)); }, has_body);
+    if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
+    SendApiError(res, *refusal);
+    return httplib::Server::HandlerResponse::Handled;
   });
-  http_->Post("/v1/chat/completions", guarded([this](const Request& req, Response& res) {
-                HandleGeneration(req, res, ApiKind::kChat);
+  http_->Post("/v1/chat/completions",
+              WithBody([this](const Request& req, Response& res, const std::string& body) {
+                HandleGeneration(req, res, body, ApiKind::kChat);
               }));
-  http_->Post("/v1/completions", guarded([this](const Request& req, Response& res) {
-                HandleGeneration(req, res, ApiKind::kCompletion);
+  http_->Post("/v1/completions",
+              WithBody([this](const Request& req, Response& res, const std::string& body) {
+                HandleGeneration(req, res, body, ApiKind::kCompletion);
               }));
-  http_->Get("/v1/models",
-             guarded([this](const Request& req, Response& res) { HandleModels(req, res); }));
+  http_->Get("/v1/models", [this](const Request& req, Response& res) { HandleModels(req, res); });
   http_->Get(R"(/v1/models/(.+))",
-             guarded([this](const Request& req, Response& res) { HandleModels(req, res); }));
-  http_->Post("/tokenize",
-              guarded([this](const Request& req, Response& res) { HandleTokenize(req, res); }));
+             [this](const Request& req, Response& res) { HandleModels(req, res); });
+  http_->Post("/tokenize", WithBody([this](const Request&, Response& res, const std::string& body) {
+                HandleTokenize(body, res);
+              }));
   http_->Post("/detokenize",
-              guarded([this](const Request& req, Response& res) { HandleDetokenize(req, res); }));
-  http_->Get("/metrics", guarded([this](const Request&, Response& res) {
-               res.set_content(metrics_->Render() + RenderModelMetrics(*registry_),
-                               "text/plain; version=0.0.4; charset=utf-8");
-             }));
+              WithBody([this](const Request&, Response& res, const std::string& body) {
+                HandleDetokenize(body, res);
+              }));
+  http_->Get("/metrics", [this](const Request&, Response& res) {
+    res.set_content(metrics_->Render() + RenderModelMetrics(*registry_),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
   http_->Get("/health", [this](const Request&, Response& res) { HandleHealth(res); });
+  // CORS preflights (the policy has refused those of origins that are not allowed).
+  http_->Options(".*", [this](const Request& req, Response& res) {
+    res.status = 204;
+    res.set_header("Allow", "GET, POST, DELETE, OPTIONS");
+    for (const auto& [k, v] : policy_.CorsHeaders(req.get_header_value("Origin"), true)) {
+      res.set_header(k, v);
+    }
+  });
   AdminRoutes();
   // Statuses cpp-httplib sets by itself (404 no route, 413 body too large, 400 bad request
   // line) get the same JSON error body as ours.
@@ -174,10 +237,7 @@ void HttpFrontEnd::Routes() {
       SendError(res,
                 NotFound("not_found", absl::StrCat("no route for ", req.method, " ", req.path)));
     } else if (res.status == 413) {
-      SendError(res, InvalidRequest("", "payload_too_large",
-                                    absl::StrCat("the request body is larger than ",
-                                                 config_.max_body_bytes, " bytes")));
-      res.status = 413;
+      SendApiError(res, PayloadTooLarge());
     } else {
       ApiError e{res.status, res.status >= 500 ? "server_error" : "invalid_request_error", "", "",
                  absl::StrCat("HTTP ", res.status)};
@@ -197,20 +257,22 @@ void HttpFrontEnd::Routes() {
   });
   // Counted just before the response goes out, so a client that has its answer sees it in
   // /metrics; the access log line waits for the end of a stream.
-  http_->set_post_routing_handler([this](const Request& req, Response& res) {
+  http_->SetPostRoutingHandler([this](const Request& req, Response& res) {
+    for (const auto& [k, v] : policy_.CorsHeaders(req.get_header_value("Origin"), false)) {
+      if (!res.has_header(k.c_str())) res.set_header(k, v);
+    }
     metrics_->CountRequest("http", EndpointLabel(req.method, req.path), std::to_string(res.status));
   });
-  http_->set_logger([this](const Request& req, const Response& res) { AccessLog(req, res); });
+  http_->set_logger([this](const Request& req, const Response& res) {
+    AccessLog(req, res);
+    CurrentAccess() = AccessRecord{};  // the next request on this thread starts clean
+  });
 }
 
 void HttpFrontEnd::AccessLog(const httplib::Request& req, const httplib::Response& res) {
   const AccessRecord& a = CurrentAccess();
-  // Paths are client-chosen (and URL-decoded): no control characters into the log.
-  std::string path = req.path.substr(0, 256);
-  for (char& c : path) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-  }
   if (!config_.access_log) return;
+  const std::string path = LoggedPath(req.path);
   const double total =
       a.start == std::chrono::steady_clock::time_point{}
           ? 0

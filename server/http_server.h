@@ -1,28 +1,35 @@
 // The HTTP front end: OpenAI-compatible endpoints plus /tokenize, /detokenize, /health and
 // /metrics over cpp-httplib. It translates HTTP into the native request model (through
 // openai_request.h + request_builder.h), hands jobs to the scheduler and adapts their output
-// to JSON or SSE; it never runs a model itself. API keys, body limits, the access log and the
+// to JSON or SSE; it never runs a model itself. Connections are read by the connection layer
+// (server/http_connection.h); who may send what is server/http_policy.h; the access log and the
 // per-endpoint request counters live here.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "server/config.h"
+#include "server/http_policy.h"
 #include "server/metrics.h"
 #include "server/model_admin.h"
 #include "server/model_registry.h"
+#include "server/path_policy.h"
 #include "server/scheduler.h"
 
 namespace httplib {
-class Server;
 struct Request;
 struct Response;
+class ContentReader;
 }  // namespace httplib
 
 namespace thermocline::server {
+
+class GuardedServer;
+struct RequestHead;
 
 class HttpFrontEnd {
  public:
@@ -46,21 +53,31 @@ class HttpFrontEnd {
  private:
   void Routes();
   void AdminRoutes();
-  bool Authorized(const httplib::Request& req) const;
-  // The admin key when one is configured, else Authorized.
-  bool AdminAuthorized(const httplib::Request& req) const;
-  void HandleGeneration(const httplib::Request& req, httplib::Response& res, ApiKind kind);
+  // A handler of a route that takes a JSON body: reads the body (decoded, at most
+  // max_body_bytes) and passes it on; answers 413 / 400 itself when it cannot.
+  using BodyHandler =
+      std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)>;
+  std::function<void(const httplib::Request&, httplib::Response&, const httplib::ContentReader&)>
+  WithBody(BodyHandler handler);
+  // What the connection layer may decide from the head alone (server/http_connection.h).
+  bool RefusedByHead(const RequestHead& head) const;
+  void HandleGeneration(const httplib::Request& req, httplib::Response& res,
+                        const std::string& body, ApiKind kind);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
-  void HandleTokenize(const httplib::Request& req, httplib::Response& res);
-  void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
+  void HandleTokenize(const std::string& body, httplib::Response& res);
+  void HandleDetokenize(const std::string& body, httplib::Response& res);
   void HandleHealth(httplib::Response& res);
   void SendError(httplib::Response& res, const absl::Status& status) const;
+  void SendApiError(httplib::Response& res, const ApiError& error) const;
+  ApiError PayloadTooLarge() const;
   void AccessLog(const httplib::Request& req, const httplib::Response& res);
 
   const ServerConfig& config_;
   ModelRegistry* registry_;
   Metrics* metrics_;
-  std::unique_ptr<httplib::Server> http_;
+  const RequestPolicy policy_;
+  const PathPolicy paths_;
+  std::unique_ptr<GuardedServer> http_;
   std::atomic<Scheduler*> scheduler_{nullptr};
   std::atomic<ModelAdmin*> admin_{nullptr};
   std::atomic<bool> draining_{false};

@@ -19,8 +19,9 @@ nlohmann::json ModelInfoJson(const ModelInfo& info) {
   j["loaded"] = info.loaded;
   j["created_at"] = info.created_at;
   j["updated_at"] = info.updated_at;
-  j["placement"] = info.placement;
-  j["report"] = info.report;
+  // A value that failed to parse (a corrupt row) is null, never written as invalid JSON.
+  j["placement"] = info.placement.is_discarded() ? json(nullptr) : info.placement;
+  j["report"] = info.report.is_discarded() ? json(nullptr) : info.report;
   j["runs_on"] = info.runs_on;
   j["gpu_memory"] = info.gpu_memory.empty() ? json(nullptr) : json(info.gpu_memory);
   j["gpu_layers"] = info.gpu_layers.empty() ? json(nullptr) : json(info.gpu_layers);

@@ -1,14 +1,18 @@
 #include "server/registry_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "server/errors.h"
+#include "spdlog/spdlog.h"
 
 namespace thermocline::server {
 namespace {
@@ -45,8 +49,75 @@ constexpr char kColumns[] =
     "stage, sidecar_path, placement_json, report_json, last_error, created_at, updated_at, "
     "gpu_memory, gpu_layers";
 
+// Storage failures (a full disk, a read-only or vanished state directory, a lock held too long)
+// are the machine's state, not a bug: 503 registry_unavailable with what to fix. Others are
+// internal errors.
 absl::Status SqlError(sqlite3* db, const std::string& what) {
-  return absl::InternalError(absl::StrCat("registry database: ", what, ": ", sqlite3_errmsg(db)));
+  const int rc = sqlite3_errcode(db) & 0xff;
+  const std::string detail = sqlite3_errmsg(db);
+  const char* hint = nullptr;
+  switch (rc) {
+    case SQLITE_FULL:
+      hint = "the disk of the state directory is full: free space";
+      break;
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+    case SQLITE_CANTOPEN:
+      hint = "the state directory is not writable: check its permissions and mount";
+      break;
+    case SQLITE_IOERR:
+      hint = "the state directory cannot be written (disk full, file size limit or I/O error)";
+      break;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      hint = "another process holds the registry database; retry";
+      break;
+    default:
+      break;
+  }
+  if (hint == nullptr) {
+    return absl::InternalError(absl::StrCat("registry database: ", what, ": ", detail));
+  }
+  return Unavailable("registry_unavailable",
+                     absl::StrCat("the model registry cannot be written (", what, ": ", detail,
+                                  "): ", hint, "; nothing was changed"));
+}
+
+// Names become directory names under the state directory: a row that is not a valid name (a
+// hand-edited or corrupt database) must never reach a path.
+bool PlainName(const std::string& name) {
+  if (name.empty() || name.size() > 64 || name.front() == '.') return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-' || c == ':';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool ValidJsonOrEmpty(const std::string& text) {
+  return text.empty() || nlohmann::json::accept(text);
+}
+
+// A registry.db of zero bytes opens as an empty database, and every registration would be
+// forgotten without a word: it is kept aside (with its WAL, which may hold the rows) and the
+// daemon says so loudly.
+void SetAsideEmptyDatabase(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != 0) return;
+  const std::string backup = absl::StrCat(path, ".empty-", static_cast<int64_t>(::time(nullptr)));
+  std::error_code ec;
+  std::filesystem::rename(path, backup, ec);
+  for (const char* suffix : {"-wal", "-shm"}) {
+    if (std::filesystem::exists(path + suffix, ec)) {
+      std::filesystem::rename(path + suffix, backup + suffix, ec);
+    }
+  }
+  spdlog::error(
+      "{} was empty (0 bytes): the registered models it held are lost or in its WAL; it is kept "
+      "as {} (with any -wal file) and the registry starts empty. Restore a backup of the state "
+      "directory to get them back.",
+      path, backup);
 }
 
 // Finalizes on scope exit.
@@ -71,13 +142,28 @@ absl::StatusOr<FileIdentity> IdentifyFile(const std::string& path) {
   if (!S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::FailedPreconditionError(absl::StrCat("cannot read ", path));
+  // Non-blocking, and the type checked again on what was opened: a FIFO put in the file's place
+  // meanwhile would block open() and read() for ever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("cannot read ", path));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
+  }
   std::vector<char> buf(1 << 20);
-  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-  const std::streamsize n = in.gcount();
+  size_t n = 0;
+  while (n < buf.size()) {
+    const ssize_t got = ::read(fd, buf.data() + n, buf.size() - n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return absl::FailedPreconditionError(absl::StrCat("cannot read ", path));
+    if (got == 0) break;
+    n += static_cast<size_t>(got);
+  }
   uint64_t h = 14695981039346656037ull;
-  for (std::streamsize i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     h ^= static_cast<unsigned char>(buf[i]);
     h *= 1099511628211ull;
   }
@@ -97,6 +183,7 @@ absl::StatusOr<std::unique_ptr<RegistryStore>> RegistryStore::Open(const std::st
                      "; set another with --state-dir or [registry] state_dir"));
   }
   const std::string path = (std::filesystem::path(dir) / "registry.db").string();
+  SetAsideEmptyDatabase(path);
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
       SQLITE_OK) {
@@ -136,9 +223,8 @@ RegistryStore::~RegistryStore() { sqlite3_close(db_); }
 absl::Status RegistryStore::Exec(const char* sql) {
   char* err = nullptr;
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    absl::Status s = absl::InternalError(absl::StrCat("registry database: ", err ? err : "?"));
     sqlite3_free(err);
-    return s;
+    return SqlError(db_, "setting it up");
   }
   return absl::OkStatus();
 }
@@ -178,6 +264,18 @@ absl::StatusOr<std::vector<ModelRecord>> RegistryStore::LoadAll() {
     r.gpu_layers = ColumnText(s.stmt, i++);
     if (!ParseModelState(state)) {
       r.last_error = absl::StrCat("registry.db holds an unknown state '", state, "'");
+    }
+    if (!PlainName(r.name)) {
+      spdlog::error("registry: ignoring a row whose name is not a plain model name: '{}'",
+                    r.name.substr(0, 80));
+      continue;
+    }
+    for (auto [field, text] :
+         {std::pair{"placement_json", &r.placement_json}, {"report_json", &r.report_json}}) {
+      if (!ValidJsonOrEmpty(*text)) {
+        spdlog::warn("registry: model '{}': its {} is not JSON; dropped", r.name, field);
+        text->clear();
+      }
     }
     out.push_back(std::move(r));
   }

@@ -26,6 +26,11 @@ void CollectingSink::Wait() {
   done_cv_.wait(lock, [&] { return done_; });
 }
 
+bool CollectingSink::WaitFor(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return done_cv_.wait_for(lock, timeout, [&] { return done_; });
+}
+
 SseSink::SseSink(ResponseMeta meta) : meta_(std::move(meta)) {
   buffer_.reserve(4096);
   if (meta_.kind == ApiKind::kChat) AppendRoleEvent(meta_, &buffer_);

@@ -22,6 +22,8 @@ class CollectingSink : public GenerationSink {
                 const absl::Status& error) override;
   // Blocks until OnFinish. The accessors below are valid after it.
   void Wait();
+  // Wait with a timeout: true once OnFinish has run.
+  bool WaitFor(std::chrono::milliseconds timeout);
 
   const std::string& text() const { return text_; }
   const std::vector<TokenLogprobs>& logprobs() const { return logprobs_; }

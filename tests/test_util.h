@@ -48,7 +48,14 @@ inline std::filesystem::path TempDir() {
   return dir.path;
 }
 
-inline std::string ThermoclineBinary() { return THERMOCLINE_BINARY; }
+// The binary under test; THERMOCLINE_TEST_BINARY runs the daemon tests against another build
+// (e.g. an older one, to see a regression test fail without its fix).
+inline std::string ThermoclineBinary() {
+  if (const char* env = std::getenv("THERMOCLINE_TEST_BINARY"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return THERMOCLINE_BINARY;
+}
 
 // Output and exit code of the `thermocline` binary run with `args` (stdout and stderr merged).
 struct CliResult {

@@ -39,7 +39,9 @@ std::string WithArchitecture(const std::string& arch) {
 TEST_CASE("admin API: an architecture the engine cannot run is refused at registration",
           "[admin][arch]") {
   REQUIRE_STORIES_MODEL();
-  DaemonProcess d;
+  // The scratch folder is one the daemon may read models from.
+  DaemonProcess d("[registry]\nstate_dir = \"" + (TempDir() / "unsupported.state").string() +
+                  "\"\nallowed_paths = [\"" + TempDir().string() + "\"]\n");
   const HttpResponse r = Http(d.port(), "POST", "/admin/models",
                               Post({{"path", WithArchitecture("mamba")}, {"name", "m"}}));
   CheckError(r, 400, "unsupported_model");
@@ -65,7 +67,9 @@ TEST_CASE("admin API: bad bodies are 400 naming the field", "[admin]") {
                   Post({{"path", StoriesModel()}, {"name", "x"}, {"profile_tokens", -1}})),
              400, "invalid_value");
   CheckError(Http(d.port(), "POST", "/admin/models",
-                  Post({{"path", StoriesModel()}, {"name", "x"}, {"corpus", "/no/such/corpus"}})),
+                  Post({{"path", StoriesModel()},
+                        {"name", "x"},
+                        {"corpus", TestModelPath("no-such-corpus.txt")}})),
              400, "invalid_value");
   CheckError(Http(d.port(), "POST", "/admin/models",
                   Post({{"path", StoriesModel()}, {"name", "x"}, {"colour", "blue"}})),
@@ -97,15 +101,17 @@ TEST_CASE("admin API: without an admin key the API key opens /admin", "[admin]")
 TEST_CASE("admin API: register returns the model JSON, list shows it, events end", "[admin]") {
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
-  // The name defaults to the file name; the file is missing, so the job fails and the stream
-  // ends with that terminal state.
-  const HttpResponse r = Http(d.port(), "POST", "/admin/models",
-                              Post({{"path", "/no/such/dir/tiny.gguf"}, {"activation", "relu"}}));
+  // The name defaults to the file name; the file is missing (in a folder the daemon may read),
+  // so the job fails and the stream ends with that terminal state.
+  const std::string missing =
+      std::filesystem::weakly_canonical(TestModelPath("no-such-dir/tiny.gguf")).string();
+  const HttpResponse r =
+      Http(d.port(), "POST", "/admin/models", Post({{"path", missing}, {"activation", "relu"}}));
   INFO(r.body);
   REQUIRE(r.status == 201);
   const nlohmann::json j = Json(r.body);
   CHECK(j["name"] == "tiny");
-  CHECK(j["path"] == "/no/such/dir/tiny.gguf");
+  CHECK(j["path"] == missing);
   CHECK(j["activation"] == "relu");
   for (const char* key :
        {"state", "stage", "percent", "eta_s", "last_error", "sidecar_path", "mode", "loaded",
@@ -120,8 +126,7 @@ TEST_CASE("admin API: register returns the model JSON, list shows it, events end
   const std::vector<nlohmann::json> events = WatchEvents(d.port(), "tiny");
   REQUIRE(!events.empty());
   CHECK(events.back()["state"] == "failed");
-  CHECK(events.back()["last_error"].get<std::string>().find("/no/such/dir/tiny.gguf") !=
-        std::string::npos);
+  CHECK(events.back()["last_error"].get<std::string>().find(missing) != std::string::npos);
   // The configured model is not in the registry's list and cannot be deleted through it.
   CheckError(Http(d.port(), "DELETE", "/admin/models/" + std::string(kModelName)), 404,
              "model_not_found");

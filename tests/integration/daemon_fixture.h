@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,7 +31,10 @@ constexpr char kModelName[] = "stories";
 class DaemonProcess {
  public:
   // `toml` is appended to a config that serves the stories model as "stories" on port 0.
-  explicit DaemonProcess(const std::string& toml = "", bool wait_ready = true) {
+  // `max_file_bytes` > 0 limits the size of every file the daemon writes (RLIMIT_FSIZE): a full
+  // disk, as the daemon sees it.
+  explicit DaemonProcess(const std::string& toml = "", bool wait_ready = true,
+                         long max_file_bytes = 0) {
     static int counter = 0;
     const std::string base = (TempDir() / ("daemon" + std::to_string(counter++))).string();
     config_path_ = base + ".toml";
@@ -52,6 +56,12 @@ class DaemonProcess {
       const int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(log, 2);
       ::close(out[0]);
+      if (max_file_bytes > 0) {
+        ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+        const rlimit limit{static_cast<rlim_t>(max_file_bytes),
+                           static_cast<rlim_t>(max_file_bytes)};
+        ::setrlimit(RLIMIT_FSIZE, &limit);
+      }
       const std::string bin = ThermoclineBinary();
       // One thread per slot: the tiny test model is fastest so, and CI runs tests in parallel.
       // gRPC on a free port too: a fixed one would collide between tests running in parallel.
@@ -74,6 +84,7 @@ class DaemonProcess {
   }
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   int grpc_port() const { return grpc_port_; }
   const std::string& log_path() const { return log_path_; }
   std::string Log() const {

@@ -48,6 +48,15 @@ class HttpConnection {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
+  // Half-closes: the server sees the end of the request stream, the answer can still come.
+  void ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
+  // True when the server has closed the connection (EOF) within `timeout_ms`.
+  bool ClosedByServer(int timeout_ms) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return false;
+    char c;
+    return ::recv(fd_, &c, 1, MSG_PEEK) == 0;
+  }
 
   void Send(const std::string& method, const std::string& path, const std::string& body = "",
             const std::map<std::string, std::string>& headers = {}) {
@@ -99,9 +108,11 @@ class HttpConnection {
     return size > 0;
   }
 
-  // A whole response: head, then the body by Content-Length or chunks.
+  // A whole response: head, then the body by Content-Length or chunks; interim 1xx responses
+  // before it are skipped.
   HttpResponse ReadResponse() {
     HttpResponse r = ReadHead();
+    while (r.status >= 100 && r.status < 200) r = ReadHead();
     if (r.header("transfer-encoding") == "chunked") {
       std::string chunk;
       while (ReadChunk(&chunk)) {

@@ -247,10 +247,13 @@ TEST_CASE("a missing or corrupt model file: the job fails with the reason", "[re
     std::ofstream f(corrupt, std::ios::binary);
     f << "GGUF this is not a model file at all";
   }
-  DaemonProcess d;
-  REQUIRE(Http(d.port(), "POST", "/admin/models",
-               Post({{"path", "/nonexistent/model.gguf"}, {"name", "missing"}}))
-              .status == 201);
+  // The scratch folder is one the daemon may read models from.
+  DaemonProcess d("[registry]\nstate_dir = \"" + (TempDir() / "missing-corrupt.state").string() +
+                  "\"\nallowed_paths = [\"" + TempDir().string() + "\"]\n");
+  REQUIRE(
+      Http(d.port(), "POST", "/admin/models",
+           Post({{"path", (TempDir() / "nonexistent/model.gguf").string()}, {"name", "missing"}}))
+          .status == 201);
   REQUIRE(Http(d.port(), "POST", "/admin/models", Post({{"path", corrupt}, {"name", "corrupt"}}))
               .status == 201);
   const nlohmann::json missing = WatchEvents(d.port(), "missing").back();
