@@ -15,6 +15,7 @@
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
 #include "engine/ops/kernels.h"
+#include "engine/ops/type_table.h"
 
 namespace thermocline {
 namespace {
@@ -177,7 +178,7 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
         "synth: embd must be a multiple of heads with an even head size, and heads a multiple "
         "of kv-heads");
   }
-  if (KernelsFor(o.type) == nullptr) {
+  if (FindWeightType(o.type) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("synth: unsupported type ", TypeName(o.type)));
   }
   const int64_t block = TypeInfo(o.type).block_size;

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/ops/kernels.h"
+#include "engine/ops/type_table.h"
 #include "engine/ops/weight_layout.h"
 #include "engine/util/thread_pool.h"
 
@@ -24,10 +25,11 @@ absl::StatusOr<WeightView> Matrix(const GgufFile& file, const std::string& name,
                                                    ShapeString(t->dims), ", expected {", cols, ", ",
                                                    rows, "}"));
   }
-  if (KernelsFor(t->type) == nullptr) {
-    return absl::UnimplementedError(absl::StrCat("tensor ", name, " has type ", TypeName(t->type),
-                                                 ", which Thermocline cannot compute yet (f32, "
-                                                 "f16, bf16, q8_0, q4_0 are supported)"));
+  if (FindWeightType(t->type) == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        "tensor ", name, " has type ", TypeName(t->type),
+        ", which Thermocline cannot compute yet (supported: ", WeightTypeNames(),
+        "); requantize the model to one of those, e.g. thermocline quantize IN OUT --type q4_k_m"));
   }
   WeightView w;
   w.type = t->type;
@@ -47,7 +49,7 @@ absl::StatusOr<std::vector<float>> Vector(const GgufFile& file, const std::strin
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", name, " has shape ", ShapeString(t->dims), ", expected {", n, "}"));
   }
-  const TypeKernels* k = KernelsFor(t->type);
+  const TypeKernels* k = FindWeightType(t->type) != nullptr ? KernelsFor(t->type) : nullptr;
   if (k == nullptr) {
     return absl::UnimplementedError(
         absl::StrCat("tensor ", name, " has unsupported type ", TypeName(t->type)));

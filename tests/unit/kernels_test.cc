@@ -95,7 +95,7 @@ TEST_CASE("AvailableIsas starts with scalar and has a table for every type", "[k
       CHECK(k->vec_dot_type == (IsQuantized(type) ? GgmlType::kQ8_0 : GgmlType::kF32));
     }
   }
-  CHECK(KernelsFor(GgmlType::kQ4_K) == nullptr);
+  CHECK(KernelsFor(GgmlType::kIQ2_XXS) == nullptr);
   if (isas.size() == 1) WARN("only the scalar kernels run on this CPU: SIMD parity not tested");
 }
 

@@ -13,7 +13,6 @@
 
 #include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
-#include "engine/sparse/sparse_kernels.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline {
@@ -302,11 +301,11 @@ TEST_CASE("axpy kernels of every ISA equal the scalar kernels", "[sparse]") {
     const bool blocked = TypeInfo(type).block_size > 1;
     for (int64_t n :
          {blocked ? int64_t{32} : int64_t{7}, blocked ? int64_t{96} : int64_t{45}, int64_t{256}}) {
-      const OwnedWeight w = RandomWeight(type, sparse_internal::kMaxAxpyRows, n, 8);
+      const OwnedWeight w = RandomWeight(type, kMaxAxpyRows, n, 8);
       const std::vector<float> wf = Dequantized(w.view);
-      for (int k = 1; k <= sparse_internal::kMaxAxpyRows; ++k) {
-        const uint8_t* rows[sparse_internal::kMaxAxpyRows];
-        float a[sparse_internal::kMaxAxpyRows];
+      for (int k = 1; k <= kMaxAxpyRows; ++k) {
+        const uint8_t* rows[kMaxAxpyRows];
+        float a[kMaxAxpyRows];
         for (int r = 0; r < k; ++r) {
           rows[r] = w.view.row(r);
           a[r] = dist(rng);
@@ -314,11 +313,11 @@ TEST_CASE("axpy kernels of every ISA equal the scalar kernels", "[sparse]") {
         std::vector<float> init(n);
         for (float& f : init) f = dist(rng);
         std::vector<float> ref = init;
-        sparse_internal::AxpyFor(type, Isa::kScalar)(n, k, a, rows, ref.data());
+        AxpyFor(type, Isa::kScalar)(n, k, a, rows, ref.data());
         for (Isa isa : AvailableIsas()) {
           std::vector<float> acc = init;
           acc.push_back(99.0f);  // a guard past the end
-          sparse_internal::AxpyFor(type, isa)(n, k, a, rows, acc.data());
+          AxpyFor(type, isa)(n, k, a, rows, acc.data());
           for (int64_t i = 0; i < n; ++i) {
             double mag = std::fabs(init[i]);
             for (int r = 0; r < k; ++r) mag += std::fabs(a[r] * wf[r * n + i]);
