@@ -23,4 +23,10 @@ enum class DeviceKernel : int {
   kIQ4_XS,
 };
 
+// The device kernels of Q8_0 and Q4_0 dot their rows with Q8_0 activations (dp4a), as the CPU
+// does; the others read F32 activations (dequantized weights times floats).
+constexpr bool DeviceUsesQ8Activations(DeviceKernel k) {
+  return k == DeviceKernel::kQ8_0 || k == DeviceKernel::kQ4_0;
+}
+
 }  // namespace thermocline
