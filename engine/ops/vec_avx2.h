@@ -246,4 +246,46 @@ inline void Q4SignedFloats(const BlockQ4_0* b, F out[4]) {
   out[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(hi, 4), eight));
 }
 
+// ---- Super-block scales: 16 small integers as int16 (256-bit operations on both ISAs) ----
+// out[j] = p[j], 16 bytes unsigned / signed.
+inline void WidenU8x16(const uint8_t* p, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline void WidenS8x16(const void* p, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+// out[2j] = out[2j + 1] = p[j], 8 bytes unsigned (scales of groups of 32 per 16 elements).
+inline void WidenU8x8Twice(const uint8_t* p, int16_t* out) {
+  __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  v = _mm_unpacklo_epi8(v, v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_cvtepu8_epi16(v));
+}
+// The same for 8 signed bytes.
+inline void WidenS8x8Twice(const void* p, int16_t* out) {
+  __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  v = _mm_unpacklo_epi8(v, v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_cvtepi8_epi16(v));
+}
+// out[j] = p[j] & 15 and hi[j] = p[j] >> 4 for 16 bytes.
+inline void SplitNibbles16(const uint8_t* p, int16_t* lo, int16_t* hi) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), _mm256_cvtepu8_epi16(_mm_and_si128(v, mask)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi),
+                      _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+}
+// The bits of a deposited at the set bits of mask, low to high (BMI2 pdep).
+inline uint64_t DepositBits(uint64_t a, uint64_t mask) { return _pdep_u64(a, mask); }
+// out[j] = in[j] * k, 16 int16.
+inline void MulI16x16(const int16_t* in, int16_t k, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_mullo_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)),
+                                         _mm256_set1_epi16(k)));
+}
+inline void ZeroI16x16(int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_setzero_si256());
+}
+
 }  // namespace thermocline::vec_avx2
