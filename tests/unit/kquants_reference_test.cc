@@ -20,6 +20,7 @@
 
 #include "engine/model/session.h"
 #include "engine/runtime/perplexity.h"
+#include "kquants_fixtures.h"
 #include "model_fixtures.h"
 
 namespace thermocline {
@@ -30,14 +31,7 @@ using testing::GreedyIds;
 using testing::LoadReference;
 using testing::TestModelPath;
 
-// llama-perplexity -c 128 -b 128 on stories260K.ppl-sample.txt, from kquants/README.md.
-const std::map<std::string, double> kLlamaCppPerplexity = {
-    {"f32", 2.2991},    {"iq4_nl", 2.5109}, {"iq4_xs", 2.5385}, {"q2_k", 14.8678},
-    {"q3_k_l", 2.8245}, {"q3_k_m", 2.8318}, {"q3_k_s", 3.2775}, {"q4_0", 2.5646},
-    {"q4_1", 2.5096},   {"q4_k_m", 2.3700}, {"q4_k_s", 2.4005}, {"q5_0", 2.3347},
-    {"q5_1", 2.3553},   {"q5_k_m", 2.3148}, {"q5_k_s", 2.3354}, {"q6_k", 2.3118},
-    {"q8_0", 2.3030},
-};
+const std::map<std::string, double>& kLlamaCppPerplexity = testing::LlamaCppStoriesWidePerplexity();
 
 double Perplexity(const LlamaModel& model, ThreadPool& pool) {
   SessionOptions so;
