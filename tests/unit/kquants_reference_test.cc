@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 
+#include "engine/gguf/gguf.h"
 #include "engine/model/session.h"
 #include "engine/runtime/perplexity.h"
 #include "kquants_fixtures.h"
@@ -112,6 +113,34 @@ TEST_CASE("stories-wide in every llama.cpp type matches llama.cpp", "[kquants][m
     if (type == "f32") CHECK(all48 == 4);
   }
   CHECK(sum_deviation / kLlamaCppPerplexity.size() < kMeanPerplexityTolerance);
+}
+
+// A type without kernels (IQ2_XXS here) stays a clear error naming the tensor and the type.
+TEST_CASE("a weight type without kernels is refused by name", "[kquants][model]") {
+  const std::string path = TestModelPath("kquants/stories-wide.q4_k_m.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("kquants/ test models not found");
+  auto in = GgufFile::Open(path);
+  REQUIRE(in.ok());
+  GgufWriter w;
+  for (const GgufKeyValue& kv : (*in)->metadata()) w.Set(kv.key, kv.value);
+  for (const GgufTensorInfo& t : (*in)->tensors()) {
+    if (t.name == "blk.1.ffn_up.weight") {
+      const int64_t rows = t.dims[1], blocks = t.dims[0] / 256;
+      REQUIRE(w.AddTensorCopy(t.name, GgmlType::kIQ2_XXS, t.dims,
+                              std::vector<uint8_t>(rows * blocks * 66, 0))
+                  .ok());
+    } else {
+      REQUIRE(w.AddTensor(t.name, t.type, t.dims, t.data, t.size_bytes).ok());
+    }
+  }
+  const std::string out = (testing::TempDir() / "iq2.gguf").string();
+  REQUIRE(w.Write(out).ok());
+  auto model = LlamaModel::Load(out);
+  REQUIRE(!model.ok());
+  CHECK(model.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_THAT(std::string(model.status().message()), Catch::Contains("blk.1.ffn_up.weight"));
+  CHECK_THAT(std::string(model.status().message()), Catch::Contains("iq2_xxs"));
+  CHECK_THAT(std::string(model.status().message()), Catch::Contains("q4_K"));  // what works
 }
 
 }  // namespace
