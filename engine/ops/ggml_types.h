@@ -1,5 +1,7 @@
 // Tensor element types in ggml's numbering and block layouts, so GGUF files written by llama.cpp
-// load unchanged. One table describes every type; kernels live in ops/kernels.h.
+// load unchanged: the name and size of every ggml type (computable or not), and the block
+// structs of those Thermocline computes with (their kernels: the weight-type table,
+// ops/type_table.h).
 #pragma once
 
 #include <cstddef>
