@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops/matmul.h"
+#include "engine/ops/type_table.h"
 #include "bench/touch_lines.h"
 #include "engine/sparse/sparse_ops.h"
 
@@ -99,9 +100,9 @@ absl::Status Check(const SparseOpBenchOptions& o) {
     return absl::InvalidArgumentError("--embd and --ff must be positive");
   }
   for (GgmlType t : o.types) {
-    if (KernelsFor(t) == nullptr) {
+    if (FindWeightType(t) == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("type ", TypeName(t), " has no kernels; use f32, f16, bf16, q8_0, q4_0"));
+          absl::StrCat("type ", TypeName(t), " has no kernels; use one of ", WeightTypeNames()));
     }
     const int64_t bs = TypeInfo(t).block_size;
     if (o.n_embd % bs != 0 || o.n_ff % bs != 0) {

@@ -16,6 +16,7 @@
 #include "engine/model/session.h"
 #include "engine/runtime/engine.h"
 #include "engine/ops/kernels.h"
+#include "engine/ops/type_table.h"
 
 namespace thermocline {
 namespace {
@@ -178,7 +179,7 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
         "synth: embd must be a multiple of heads with an even head size, and heads a multiple "
         "of kv-heads");
   }
-  if (KernelsFor(o.type) == nullptr) {
+  if (FindWeightType(o.type) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("synth: unsupported type ", TypeName(o.type)));
   }
   const int64_t block = TypeInfo(o.type).block_size;

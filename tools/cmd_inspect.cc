@@ -1,9 +1,13 @@
-// thermocline inspect: a GGUF file's metadata and tensors (type, shape, size).
+// thermocline inspect: a GGUF file's metadata and tensors (type, shape, size), and how many
+// tensors of each weight type it holds (those Thermocline cannot compute with marked).
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_join.h"
 #include "engine/gguf/gguf.h"
+#include "engine/ops/type_table.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
 
@@ -21,7 +25,18 @@ int RunInspect(int argc, char** argv) {
   if (!file.ok()) return Fail("inspect", file.status());
   const GgufFile& f = **file;
   uint64_t total = 0;
-  for (const GgufTensorInfo& t : f.tensors()) total += t.size_bytes;
+  std::map<std::string, int64_t> per_type;  // type name -> tensors
+  for (const GgufTensorInfo& t : f.tensors()) {
+    total += t.size_bytes;
+    ++per_type[TypeName(t.type)];
+  }
+  std::string types_line;
+  for (const auto& [name, n] : per_type) {
+    const GgmlTypeInfo* info = FindGgmlTypeByName(name);
+    const bool computable = info != nullptr && FindWeightType(info->type) != nullptr;
+    types_line += (types_line.empty() ? "" : ", ") + name + " x" + std::to_string(n) +
+                  (computable ? "" : " (no kernels)");
+  }
 
   if (args->Has("--json")) {
     nlohmann::json meta = nlohmann::json::object();
@@ -52,16 +67,19 @@ int RunInspect(int argc, char** argv) {
                          {"offset", t.offset},
                          {"bytes", t.size_bytes}});
     }
+    nlohmann::json types = nlohmann::json::object();
+    for (const auto& [name, n] : per_type) types[name] = n;
     nlohmann::json out = {
         {"path", f.path()},           {"version", f.version()}, {"powerinfer", f.is_powerinfer()},
         {"alignment", f.alignment()}, {"tensor_bytes", total},  {"metadata", meta},
-        {"tensors", tensors}};
+        {"tensor_types", types},      {"tensors", tensors}};
     std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
-  std::printf("%s: GGUF v%u%s, %zu metadata keys, %zu tensors, %.2f MiB of tensor data\n\n",
+  std::printf("%s: GGUF v%u%s, %zu metadata keys, %zu tensors, %.2f MiB of tensor data\n",
               f.path().c_str(), f.version(), f.is_powerinfer() ? " (PowerInfer)" : "",
               f.metadata().size(), f.tensors().size(), total / 1048576.0);
+  std::printf("tensor types: %s\n\n", types_line.c_str());
   for (const GgufKeyValue& kv : f.metadata()) {
     std::printf("  %-44s %s\n", kv.key.c_str(), kv.value.DebugString().c_str());
   }

@@ -1,4 +1,4 @@
-// thermocline quantize IN OUT --type f16|q8_0|q4_0
+// thermocline quantize IN OUT --type MIX: llama-quantize's file types (quant_mix.h).
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -12,16 +12,18 @@ int RunQuantize(int argc, char** argv) {
                           {{"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("quantize", args.status(), true);
   if (args->Has("--help") || args->positionals().size() != 2) {
-    std::fputs("usage: thermocline quantize IN.gguf OUT.gguf --type f32|f16|bf16|q8_0|q4_0\n",
-               args->Has("--help") ? stdout : stderr);
+    std::fprintf(args->Has("--help") ? stdout : stderr,
+                 "usage: thermocline quantize IN.gguf OUT.gguf --type TYPE\n"
+                 "  TYPE: %s\n  (llama-quantize's per-tensor mixes; docs/types.md)\n",
+                 QuantMixNames().c_str());
     return args->Has("--help") ? 0 : 2;
   }
   const std::string type_name = args->GetOr("--type", "q8_0");
-  const GgmlTypeInfo* type = FindGgmlTypeByName(type_name);
-  if (type == nullptr || !type->computable) {
+  const QuantMix* mix = FindQuantMix(type_name);
+  if (mix == nullptr) {
     return Fail("quantize",
                 absl::InvalidArgumentError(
-                    absl::StrCat("--type ", type_name, ": expected f32, f16, bf16, q8_0 or q4_0")),
+                    absl::StrCat("--type ", type_name, ": expected one of ", QuantMixNames())),
                 true);
   }
   auto threads = ThreadsFromArgs(*args);
@@ -29,15 +31,14 @@ int RunQuantize(int argc, char** argv) {
   ThreadPool pool(*threads);
   const std::string& in = args->positionals()[0];
   const std::string& out = args->positionals()[1];
-  auto stats = QuantizeModel(in, out, type->type, pool);
+  auto stats = QuantizeModel(in, out, *mix, pool);
   if (!stats.ok()) return Fail("quantize", stats.status());
   std::printf(
-      "%s -> %s (%s): %lld tensors converted, %lld kept, %lld as f16 fallback; "
+      "%s -> %s (%s): %lld tensors converted, %lld kept, %lld in a fallback type; "
       "%.2f MiB -> %.2f MiB\n",
-      in.c_str(), out.c_str(), std::string(type->name).c_str(),
-      static_cast<long long>(stats->tensors_converted), static_cast<long long>(stats->tensors_kept),
-      static_cast<long long>(stats->tensors_fallback), stats->bytes_in / 1048576.0,
-      stats->bytes_out / 1048576.0);
+      in.c_str(), out.c_str(), mix->name, static_cast<long long>(stats->tensors_converted),
+      static_cast<long long>(stats->tensors_kept), static_cast<long long>(stats->tensors_fallback),
+      stats->bytes_in / 1048576.0, stats->bytes_out / 1048576.0);
   return 0;
 }
 

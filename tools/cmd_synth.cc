@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/synth.h"
+#include "engine/ops/type_table.h"
 #include "offline/predictor/trainer.h"
 #include "offline/profile/activation_profiler.h"
 #include "offline/sidecar/sidecar.h"
@@ -116,11 +117,10 @@ int RunSynth(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(*seed);
   const std::string type_name = args->GetOr("--type", "f16");
   const GgmlTypeInfo* type = FindGgmlTypeByName(type_name);
-  if (type == nullptr || !type->computable) {
+  if (type == nullptr || FindWeightType(type->type) == nullptr) {
     return Fail("synth",
-                absl::InvalidArgumentError(absl::StrCat("--type ", type_name,
-                                                        ": expected f32, f16, bf16, "
-                                                        "q8_0 or q4_0")),
+                absl::InvalidArgumentError(
+                    absl::StrCat("--type ", type_name, ": expected one of ", WeightTypeNames())),
                 true);
   }
   o.type = type->type;

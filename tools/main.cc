@@ -19,7 +19,7 @@ constexpr Command kCommands[] = {
     {"inspect", thermocline::cli::RunInspect, "print a GGUF file's metadata and tensors"},
     {"perplexity", thermocline::cli::RunPerplexity, "perplexity of a model on a text file"},
     {"bench", thermocline::cli::RunBench, "prefill/decode speed and memory bandwidth"},
-    {"quantize", thermocline::cli::RunQuantize, "convert a GGUF model to f16 / q8_0 / q4_0"},
+    {"quantize", thermocline::cli::RunQuantize, "convert a GGUF model to another type (llama-quantize's mixes: q4_k_m, q8_0, ...)"},
     {"synth", thermocline::cli::RunSynth, "write a random-weight llama GGUF of any shape"},
     {"profile", thermocline::cli::RunProfile,
      "profile neuron activity, train predictors (sidecar)"},

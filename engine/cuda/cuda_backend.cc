@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_common.h"
 #include "engine/gpu/gpu_backend.h"
+#include "engine/ops/type_table.h"
 
 namespace thermocline {
 namespace cuda {
@@ -26,32 +27,15 @@ cudaStream_t StreamOf(gpu::Queue* queue) {
 }
 
 absl::StatusOr<KType> KernelType(const WeightView& w) {
-  KType t;
-  int64_t block = 1;
-  switch (w.type) {
-    case GgmlType::kF32:
-      t = KType::kF32;
-      break;
-    case GgmlType::kF16:
-      t = KType::kF16;
-      break;
-    case GgmlType::kBF16:
-      t = KType::kBF16;
-      break;
-    case GgmlType::kQ8_0:
-      t = KType::kQ8_0;
-      block = kQK8_0;
-      break;
-    case GgmlType::kQ4_0:
-      t = KType::kQ4_0;
-      block = kQK4_0;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("weight type ", TypeName(w.type),
-                       " has no CUDA kernels (supported: f32, f16, bf16, q8_0, q4_0); "
-                       "quantize the model to one of those or run it on the CPU"));
+  const WeightTypeRow* row = FindWeightType(w.type);
+  if (row == nullptr || row->device == DeviceKernel::kNone) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight type ", TypeName(w.type),
+                     " has no CUDA kernels; quantize the model to a type that has (",
+                     WeightTypeNames(), ") or run it on the CPU"));
   }
+  const KType t = row->device;
+  const int64_t block = TypeInfo(w.type).block_size;
   if (w.cols % block != 0 || w.cols <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("a ", TypeName(w.type), " row of ", w.cols,
                                                    " elements is not a whole number of blocks"));
@@ -69,8 +53,8 @@ namespace gpu {
 bool CudaCompiledIn() { return true; }
 
 bool TypeSupported(GgmlType type) {
-  return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 ||
-         type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
+  const WeightTypeRow* row = FindWeightType(type);
+  return row != nullptr && row->device != DeviceKernel::kNone;
 }
 
 absl::StatusOr<DeviceInfo> Probe(int index) {

@@ -8,12 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/ops/device_kernel.h"
+
 namespace thermocline::cuda {
 
-// Weight types in the kernels' numbering.
-enum class KType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8_0 = 3, kQ4_0 = 4 };
-// Quantized weights are dotted with Q8_0 activations (34-byte blocks of 32), others with F32.
-inline bool UsesQ8Activations(KType t) { return t == KType::kQ8_0 || t == KType::kQ4_0; }
+// Weight types in the kernels' numbering: the weight-type table's device column.
+using KType = DeviceKernel;
+// Q8_0 and Q4_0 weights are dotted with Q8_0 activations (34-byte blocks of 32), others with F32.
+inline bool UsesQ8Activations(KType t) { return DeviceUsesQ8Activations(t); }
 constexpr int kQ8BlockBytes = 34;
 
 // A weight matrix on the device in GGUF's layout: rows of `cols` elements, row_bytes apart.

@@ -1,10 +1,12 @@
 // Weight-reading kernels: activation quantization, dense and row-sparse mat-vec for every
 // weight type, the axpy form of down over down_t rows, and dequantization for cuBLAS. One warp
-// per output row; quantized rows are dotted block by block in int8 (dp4a) against Q8_0
-// activations, exactly as engine/ops/kernels_scalar.cc does, with float accumulation.
+// per output row; Q8_0 and Q4_0 rows are dotted block by block in int8 (dp4a) against Q8_0
+// activations, exactly as engine/ops/kernels_scalar.cc does, with float accumulation; the other
+// quantized types (dequant.cuh) are dequantized 8 elements at a time against F32 activations.
 #include <cuda_fp16.h>
 
 #include "engine/cuda/cuda_kernels.h"
+#include "engine/cuda/dequant.cuh"
 
 namespace thermocline::cuda {
 namespace {
@@ -41,13 +43,18 @@ __device__ __forceinline__ float Element(const uint8_t* row, int64_t c) {
   } else if constexpr (T == KType::kQ8_0) {
     const uint8_t* b = row + (c / 32) * 34;
     return static_cast<float>(static_cast<int8_t>(b[2 + c % 32])) * LoadHalf(b);
-  } else {
+  } else if constexpr (T == KType::kQ4_0) {
     const uint8_t* b = row + (c / 32) * 18;
     const int j = static_cast<int>(c % 32);
     const int q = j < 16 ? (b[2 + j] & 0xF) : (b[2 + j - 16] >> 4);
     return static_cast<float>(q - 8) * LoadHalf(b);
+  } else {
+    return BlockElement<T>(row, c);
   }
 }
+
+template <KType T>
+constexpr bool kFloatType = T == KType::kF32 || T == KType::kF16 || T == KType::kBF16;
 
 // This lane's share of dot(row, x) over `cols` elements.
 template <KType T>
@@ -81,9 +88,11 @@ __device__ __forceinline__ float LaneDot(const uint8_t* row, const void* xv, int
       dot = __dp4a(hi, Load4(xb + 2 + 16 + 4 * sub), dot);
       sum += LoadHalf(wb) * LoadHalf(xb) * static_cast<float>(dot);
     }
-  } else {
+  } else if constexpr (kFloatType<T>) {
     const float* x = static_cast<const float*>(xv);
     for (int64_t c = lane; c < cols; c += kWarp) sum += Element<T>(row, c) * x[c];
+  } else {
+    sum = BlockLaneDot<T>(row, static_cast<const float*>(xv), cols, lane);
   }
   return sum;
 }
@@ -157,7 +166,8 @@ unsigned Blocks(int64_t n, int per_block) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);
 }
 
-// Calls f with the KType as a compile-time constant: the one type switch of this file.
+// Calls f with the KType as a compile-time constant: the one type switch of this file (the
+// weight-type table's device column, type_table.cc, decides which types get here).
 template <class F>
 void Dispatch(KType t, F&& f) {
   switch (t) {
@@ -175,6 +185,38 @@ void Dispatch(KType t, F&& f) {
       break;
     case KType::kQ4_0:
       f(std::integral_constant<KType, KType::kQ4_0>());
+      break;
+    case KType::kQ4_1:
+      f(std::integral_constant<KType, KType::kQ4_1>());
+      break;
+    case KType::kQ5_0:
+      f(std::integral_constant<KType, KType::kQ5_0>());
+      break;
+    case KType::kQ5_1:
+      f(std::integral_constant<KType, KType::kQ5_1>());
+      break;
+    case KType::kIQ4_NL:
+      f(std::integral_constant<KType, KType::kIQ4_NL>());
+      break;
+    case KType::kQ2_K:
+      f(std::integral_constant<KType, KType::kQ2_K>());
+      break;
+    case KType::kQ3_K:
+      f(std::integral_constant<KType, KType::kQ3_K>());
+      break;
+    case KType::kQ4_K:
+      f(std::integral_constant<KType, KType::kQ4_K>());
+      break;
+    case KType::kQ5_K:
+      f(std::integral_constant<KType, KType::kQ5_K>());
+      break;
+    case KType::kQ6_K:
+      f(std::integral_constant<KType, KType::kQ6_K>());
+      break;
+    case KType::kIQ4_XS:
+      f(std::integral_constant<KType, KType::kIQ4_XS>());
+      break;
+    case KType::kNone:
       break;
   }
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_support.h"
 #include "engine/ops/ggml_types.h"
+#include "engine/ops/type_table.h"
 
 namespace thermocline::gpu {
 namespace {
@@ -18,19 +19,12 @@ uint64_t MatrixBytes(const WeightView& w) {
   return Granules(static_cast<uint64_t>(w.rows) * RowBytes(w.type, w.cols));
 }
 
-// The types engine/cuda has kernels for (gpu_backend.h TypeSupported, which needs the backend).
+// The types engine/cuda has kernels for (the weight-type table's device column; gpu_backend.h's
+// TypeSupported needs the backend), in rows of whole blocks.
 bool HasKernels(const WeightView& w) {
-  switch (w.type) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-      return true;
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-      return w.cols % 32 == 0;
-    default:
-      return false;
-  }
+  const WeightTypeRow* row = FindWeightType(w.type);
+  return row != nullptr && row->device != DeviceKernel::kNone &&
+         w.cols % TypeInfo(w.type).block_size == 0;
 }
 
 }  // namespace
@@ -105,7 +99,7 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
       if (!HasKernels(*w)) {
         return absl::InvalidArgumentError(
             absl::StrCat("--gpu-layers: layer ", l, " has ", TypeName(w->type),
-                         " weights, which have no CUDA kernels (f32, f16, bf16, q8_0, q4_0 do)"));
+                         " weights, which have no CUDA kernels (", WeightTypeNames(), " do)"));
       }
     }
   }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/ops/kernels.h"
+#include "engine/ops/type_table.h"
 #include "engine/ops/weight_layout.h"
 #include "engine/util/status_macros.h"
 #include "engine/util/thread_pool.h"
@@ -52,10 +53,11 @@ absl::Status Missing(const std::string& name) {
 }
 
 absl::Status CheckComputable(const GgufTensorInfo& t) {
-  if (KernelsFor(t.type) != nullptr) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat("tensor ", t.name, " has type ", TypeName(t.type),
-                                               ", which Thermocline cannot compute yet (f32, "
-                                               "f16, bf16, q8_0, q4_0 are supported)"));
+  if (FindWeightType(t.type) != nullptr) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "tensor ", t.name, " has type ", TypeName(t.type),
+      ", which Thermocline cannot compute yet (supported: ", WeightTypeNames(),
+      "); requantize the model to one of those, e.g. thermocline quantize IN OUT --type q4_k_m"));
 }
 
 // A weight with GGUF dims {cols, rows, experts} (experts = 0: a 2-D matrix) as one view of all
@@ -102,7 +104,7 @@ absl::StatusOr<std::vector<float>> Vector(Tensors& ts, const std::string& name, 
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", name, " has shape ", ShapeString(t->dims), ", expected {", n, "}"));
   }
-  const TypeKernels* k = KernelsFor(t->type);
+  const TypeKernels* k = FindWeightType(t->type) != nullptr ? KernelsFor(t->type) : nullptr;
   if (k == nullptr) {
     return absl::UnimplementedError(
         absl::StrCat("tensor ", name, " has unsupported type ", TypeName(t->type)));

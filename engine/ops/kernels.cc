@@ -1,9 +1,11 @@
-// Kernel dispatch: which ISAs this CPU runs (checked once), and the kernel table of each.
-// The tables themselves live in kernels_scalar.cc and the per-ISA kernels_*.cc files.
+// ISA dispatch: which ISAs this CPU runs (checked once), and the kernel table of each. The
+// tables themselves live in kernels_scalar.cc and the per-ISA kernels_*.cc files; the
+// weight-type table (type_table.cc) picks each type's kernels out of them.
 #include "engine/ops/kernels.h"
 
 #include <cpuid.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,8 +13,6 @@
 
 namespace thermocline {
 namespace {
-
-using ops_internal::IsaKernels;
 
 bool CpuHasF16c() {  // not every compiler's __builtin_cpu_supports knows "f16c"
   unsigned eax, ebx, ecx, edx;
@@ -48,23 +48,6 @@ std::vector<Isa> DetectIsas() {
   return isas;
 }
 
-const IsaKernels* TableFor(Isa isa) {
-  for (Isa available : AvailableIsas()) {
-    if (available != isa) continue;
-    switch (isa) {
-      case Isa::kScalar:
-        return &ops_internal::ScalarKernels();
-      case Isa::kAvx2:
-        return &ops_internal::Avx2Kernels();
-      case Isa::kAvx512:
-        return &ops_internal::Avx512Kernels();
-      case Isa::kAvx512Vnni:
-        return &ops_internal::Avx512VnniKernels();
-    }
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 const char* IsaName(Isa isa) {
@@ -88,39 +71,17 @@ const std::vector<Isa>& AvailableIsas() {
 
 Isa BestIsa() { return AvailableIsas().back(); }
 
-const TypeKernels* KernelsFor(GgmlType type) { return KernelsFor(type, BestIsa()); }
-
-const TypeKernels* KernelsFor(GgmlType type, Isa isa) {
-  const IsaKernels* table = TableFor(isa);
-  if (table == nullptr) return nullptr;
-  switch (type) {
-    case GgmlType::kF32:
-      return &table->f32;
-    case GgmlType::kF16:
-      return &table->f16;
-    case GgmlType::kBF16:
-      return &table->bf16;
-    case GgmlType::kQ8_0:
-      return &table->q8_0;
-    case GgmlType::kQ4_0:
-      return &table->q4_0;
-    default:
-      return nullptr;
-  }
-}
-
 void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                 const float* k, int64_t k_stride, const float* v, int64_t v_stride, float scale,
                 float softcap, float* scores, float* out) {
-  const IsaKernels* table = TableFor(isa);
-  if (table == nullptr) table = &ops_internal::ScalarKernels();
-  table->attend(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap, scores, out);
+  ops_internal::TableOf(isa).attend(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale,
+                                    softcap, scores, out);
 }
 
 void AttendHead(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
                 int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
                 float* scores, float* out) {
-  static const ops_internal::AttendFn attend = TableFor(BestIsa())->attend;
+  static const ops_internal::AttendFn attend = ops_internal::TableOf(BestIsa()).attend;
   attend(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap, scores, out);
 }
 
@@ -138,39 +99,20 @@ void AttendHead(int64_t n_kv, int64_t head_dim, const float* q, const float* k, 
 
 namespace ops_internal {
 
-const QuantDot* QuantDotFor(GgmlType type, Isa isa) {
-  const IsaKernels* table = TableFor(isa);
-  if (table == nullptr) return nullptr;
-  const QuantDot* dot = type == GgmlType::kQ8_0   ? &table->q8_0_panel
-                        : type == GgmlType::kQ4_0 ? &table->q4_0_panel
-                                                  : nullptr;
-  return dot != nullptr && dot->dot != nullptr ? dot : nullptr;
-}
-
-const GemmKernels* GemmFor(GgmlType type, Isa isa) {
-  const IsaKernels* table = TableFor(isa);
-  if (table == nullptr) return nullptr;
-  const GemmKernels* gemm = nullptr;
-  switch (type) {
-    case GgmlType::kF32:
-      gemm = &table->f32_gemm;
-      break;
-    case GgmlType::kF16:
-      gemm = &table->f16_gemm;
-      break;
-    case GgmlType::kBF16:
-      gemm = &table->bf16_gemm;
-      break;
-    case GgmlType::kQ8_0:
-      gemm = &table->q8_0_gemm;
-      break;
-    case GgmlType::kQ4_0:
-      gemm = &table->q4_0_gemm;
-      break;
-    default:
-      return nullptr;
+const IsaKernels& TableOf(Isa isa) {
+  const std::vector<Isa>& isas = AvailableIsas();
+  if (std::find(isas.begin(), isas.end(), isa) == isas.end()) return ScalarKernels();
+  switch (isa) {
+    case Isa::kScalar:
+      return ScalarKernels();
+    case Isa::kAvx2:
+      return Avx2Kernels();
+    case Isa::kAvx512:
+      return Avx512Kernels();
+    case Isa::kAvx512Vnni:
+      return Avx512VnniKernels();
   }
-  return gemm->gemm != nullptr ? gemm : nullptr;
+  return ScalarKernels();
 }
 
 }  // namespace ops_internal

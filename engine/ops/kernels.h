@@ -1,6 +1,7 @@
-// Per-type compute kernels (dequantize, quantize, dot with activations), each with a scalar
-// reference that is always compiled and SIMD versions chosen once at start-up for the best ISA
-// the CPU has. One table feeds both the dispatch and the parity tests.
+// Per-type compute kernels (dequantize, quantize, dot with activations, the axpy of the sparse
+// down projection), each with a scalar reference that is always compiled and SIMD versions
+// chosen once at start-up for the best ISA the CPU has. The weight-type table (type_table.h)
+// holds them, one row per type; it feeds both the dispatch and the parity tests.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,9 @@ const std::vector<Isa>& AvailableIsas();
 Isa BestIsa();
 
 struct TypeKernels {
-  // The format activations are converted to before vec_dot: F32 for float weights, Q8_0 for
-  // quantized weights (int8 dot products, as llama.cpp does).
+  // The format activations are converted to before vec_dot: F32 for float weights, Q8_0 for the
+  // 32-element quantized types and Q8_K for the 256-element ones (int8 dot products, as
+  // llama.cpp does).
   GgmlType vec_dot_type;
   // dst[0..n) = dequantized src. n a multiple of the block size.
   void (*to_float)(const void* src, float* dst, int64_t n);
@@ -39,6 +41,14 @@ struct TypeKernels {
 const TypeKernels* KernelsFor(GgmlType type);
 // The kernels of `type` for a given ISA (for the parity harness); nullptr when unavailable.
 const TypeKernels* KernelsFor(GgmlType type, Isa isa);
+
+// The axpy of the sparse down projection over rows of one weight type:
+// acc[0..n) += Σ_{r<k} a[r] · rows[r][0..n), k <= kMaxAxpyRows (one load and store of acc for
+// all k rows); n a multiple of the type's block size.
+inline constexpr int kMaxAxpyRows = 8;
+using AxpyFn = void (*)(int64_t n, int k, const float* a, const uint8_t* const* rows, float* acc);
+// The axpy kernel of `type` on `isa`; nullptr when the type has none or the CPU lacks the ISA.
+AxpyFn AxpyFor(GgmlType type, Isa isa);
 
 // One query head's attention for one token over n_kv cached positions: scores[j] =
 // scale · q·k_j, p = softmax(scores), out = Σ_j p_j v_j. k_j and v_j are rows of head_dim floats,

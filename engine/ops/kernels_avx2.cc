@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/ops/kernels_internal.h"
+#include "engine/ops/quants_ref.h"
 #include "engine/ops/vec_avx2.h"
 
 namespace thermocline {

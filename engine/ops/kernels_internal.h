@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "engine/ops/ggml_types.h"
 #include "engine/ops/kernels.h"
@@ -22,19 +23,23 @@ namespace thermocline::ops_internal {
 //   float d[16];   d[8h .. 8h+8) = scale of block h (one per int32 lane of that block's dot)
 //   float c[16];   c[8h .. 8h+8) = -offset * d_h * sum(qs of block h) / 8
 // where offset is what the weight kernel adds to each weight to make it unsigned (8 for Q4_0,
-// 128 for Q8_0 with VNNI, 0 when weights stay signed). A lane of the dot of unsigned weights u
-// with x is then d * sum(u * x) + c, whose sum over the block's 8 lanes is d * sum(w * x):
-// the activation-only work is done once per row instead of once per weight row. An odd last
-// block is followed by a zero block.
+// 16 for Q5_0, 128 for Q8_0 and IQ4_NL with VNNI, 0 when weights stay signed). A lane of the
+// dot of unsigned weights u with x is then d * sum(u * x) + c, whose sum over the block's 8
+// lanes is d * sum(w * x): the activation-only work is done once per row instead of once per
+// weight row. Types with a min (Q4_1, Q5_1) use offset -1: c then holds d_h * sum / 8, which
+// their kernels scale by the weight block's min. An odd last block is followed by a zero block.
 inline constexpr int64_t kPanelGroupBytes = 192;
 inline constexpr int64_t PanelRowBytes(int64_t n) {
   return (n / kQK8_0 + 1) / 2 * kPanelGroupBytes;
 }
 
-// The int8 kernels of one quantized weight type (Q4_0 or Q8_0) for one ISA.
+// The int8 kernels of one quantized weight type for one ISA, over activations prepared once
+// per row ("panel"): the Q8_0 panel above for the 32-element types, plain Q8_K blocks for the
+// 256-element ones (offset unused).
 struct QuantDot {
   int offset;  // see the panel layout above
-  // panel = x (n floats, n a multiple of 32) quantized to Q8_0 (exactly as from_float does).
+  // panel = x (n floats, n a multiple of the block size) quantized to the type's activation
+  // format (exactly as that format's from_float does), row_bytes(n) bytes.
   void (*quantize_panel)(const float* x, int64_t n, int offset, uint8_t* panel);
   // out[j] = dot(weight row w, panel row j) for j < k <= 8; panel rows panel_stride bytes apart.
   void (*dot)(int64_t n, const void* w, const uint8_t* panel, size_t panel_stride, int k,
@@ -43,15 +48,16 @@ struct QuantDot {
   // rows of a sparse layer). The panel is loaded once per step for all k rows, and the k rows'
   // loads interleave, so more of their cache misses are in flight at once.
   void (*dot_rows)(int64_t n, const void* const* w, const uint8_t* panel, int k, float* out);
+  size_t (*row_bytes)(int64_t n);  // of a panel row of n elements
 };
 inline constexpr int kMaxDotRows = 4;
 
 // Tile row: one row of activations quantized to Q8_0 for the tile (matrix-matrix) kernels of
-// quantized weights:
+// the 32-element quantized types:
 //   int8  qs[nb * 32];   the quants
 //   float d[nb];         block scales
 //   int32 corr[nb];      -offset * sum(qs of the block), offset as for panels
-// padded to a multiple of 64 bytes.
+// padded to a multiple of 64 bytes. The 256-element types read plain Q8_K blocks instead.
 inline constexpr int64_t TileRowBytes(int64_t n) { return (n / kQK8_0 * 40 + 63) / 64 * 64; }
 
 // The matrix-matrix (prefill) kernels of one weight type for one ISA. A group of up to
@@ -63,25 +69,35 @@ struct GemmKernels {
   int offset;          // quantized types: see the panel layout
   int rows_per_group;  // 0: no gemm kernels
   int min_tokens;      // below this many tokens the row kernels are faster (repacking dominates)
-  // Quantized types: tile row (TileRowBytes(n) bytes) = x (n floats) quantized to Q8_0 as
-  // from_float does. nullptr for float types, whose gemm reads F32 activation rows as they are.
+  // Quantized types: tile row (row_bytes(n) bytes) = x (n floats) quantized as the activation
+  // format's from_float does. nullptr for float types, whose gemm reads F32 activation rows.
   void (*quantize)(const float* x, int64_t n, int offset, uint8_t* tile_row);
   // y[t * y_stride + r] = dot(weight row r, activation row t) for r < rows <= rows_per_group,
   // t < n_tokens; weight rows w_stride bytes apart, activation rows act_stride bytes apart.
   void (*gemm)(int64_t n, const uint8_t* w, size_t w_stride, int rows, const uint8_t* act,
                size_t act_stride, int64_t n_tokens, float* y, int64_t y_stride);
+  size_t (*row_bytes)(int64_t n);  // of a tile row of n elements (quantized types)
 };
 
-// Every kernel of one ISA. Panel and gemm kernels are null where the ISA has none (scalar).
 // kernels.h's AttendHead (its general form).
 using AttendFn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                           const float* k, int64_t k_stride, const float* v, int64_t v_stride,
                           float scale, float softcap, float* scores, float* out);
 
+// Everything one ISA has for one weight type (a cell of the weight-type table). Panel, gemm
+// and axpy kernels are null where the ISA has none.
+struct IsaTypeKernels {
+  GgmlType type;
+  TypeKernels row;   // conversions, and the dots over activations in row.vec_dot_type
+  QuantDot dot;      // decode: dots over prepared activations (dot.dot null: none)
+  GemmKernels gemm;  // prefill (gemm.gemm null: none)
+  AxpyFn axpy;       // the sparse down projection over rows of this type
+};
+
+// Every kernel of one ISA: one entry per type it has kernels for, and attention.
 struct IsaKernels {
-  TypeKernels f32, f16, bf16, q8_0, q4_0;
-  QuantDot q8_0_panel, q4_0_panel;
-  GemmKernels f32_gemm, f16_gemm, bf16_gemm, q8_0_gemm, q4_0_gemm;
+  const IsaTypeKernels* types;
+  int n_types;
   AttendFn attend;
 };
 
@@ -90,11 +106,19 @@ const IsaKernels& Avx2Kernels();        // kernels_avx2.cc
 const IsaKernels& Avx512Kernels();      // kernels_avx512.cc
 const IsaKernels& Avx512VnniKernels();  // kernels_vnni_avx512.cc
 
+// The scalar entries of the types beyond Q8_0 / Q4_0 and of Q8_K (kernels_scalar_quants.cc).
+std::vector<IsaTypeKernels> ScalarQuantTypes();
+
 // ggml's quantize_row_q4_0_ref (scalar; weights are quantized offline, so no SIMD version).
 void QuantizeQ4_0Reference(const float* src, void* dst, int64_t n);
 
+// The cell of (type, isa) in the weight-type table; nullptr when the type or the CPU's ISA has
+// no kernels.
+const IsaTypeKernels* IsaKernelsFor(GgmlType type, Isa isa);
 // The panel / gemm kernels of `type` for `isa`; nullptr when there are none.
 const QuantDot* QuantDotFor(GgmlType type, Isa isa);
 const GemmKernels* GemmFor(GgmlType type, Isa isa);
+// The kernel tables of `isa` (the scalar ones for an ISA this CPU lacks).
+const IsaKernels& TableOf(Isa isa);
 
 }  // namespace thermocline::ops_internal

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "engine/ops/kernels.h"
 #include "engine/ops/kernels_internal.h"
@@ -238,22 +239,71 @@ void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, co
   }
 }
 
-const IsaKernels& ScalarKernels() {
-  static const IsaKernels kernels = {
-      FloatKernels<LoadF32>(F32FromFloat),
-      FloatKernels<LoadF16>(F16FromFloat),
-      FloatKernels<LoadBf16>(Bf16FromFloat),
-      QuantKernels<Q8_0Weight, BlockQ8_0>(Q8_0ToFloat, Q8_0FromFloat),
-      QuantKernels<Q4_0Weight, BlockQ4_0>(Q4_0ToFloat, QuantizeQ4_0Reference),
-      {0, nullptr, nullptr, nullptr},
-      {0, nullptr, nullptr, nullptr},
-      {0, 0, 0, nullptr, nullptr},
-      {0, 0, 0, nullptr, nullptr},
-      {0, 0, 0, nullptr, nullptr},
-      {0, 0, 0, nullptr, nullptr},
-      {0, 0, 0, nullptr, nullptr},
-      AttendScalar,
+namespace {
+
+// ---- The axpy of the sparse down projection: element by element, in float ------------------
+
+float F32At(const uint8_t* row, int64_t i) {
+  float v;
+  std::memcpy(&v, row + 4 * i, 4);
+  return v;
+}
+float F16At(const uint8_t* row, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, row + 2 * i, 2);
+  return HalfToFloat(h);
+}
+float Bf16At(const uint8_t* row, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, row + 2 * i, 2);
+  return Bf16ToFloat(h);
+}
+float Q8_0At(const uint8_t* row, int64_t i) {
+  const BlockQ8_0& b = reinterpret_cast<const BlockQ8_0*>(row)[i / kQK8_0];
+  return HalfToFloat(b.d) * b.qs[i % kQK8_0];
+}
+float Q4_0At(const uint8_t* row, int64_t i) {
+  const BlockQ4_0& b = reinterpret_cast<const BlockQ4_0*>(row)[i / kQK4_0];
+  const int j = static_cast<int>(i % kQK4_0);
+  const int q = j < kQK4_0 / 2 ? (b.qs[j] & 0x0F) : (b.qs[j - kQK4_0 / 2] >> 4);
+  return HalfToFloat(b.d) * static_cast<float>(q - 8);
+}
+
+template <float (*At)(const uint8_t*, int64_t)>
+void ScalarAxpy(int64_t n, int k, const float* a, const uint8_t* const* rows, float* acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    float s = acc[i];
+    for (int r = 0; r < k; ++r) s += a[r] * At(rows[r], i);
+    acc[i] = s;
+  }
+}
+
+std::vector<IsaTypeKernels> ScalarTypes() {
+  using T = GgmlType;
+  std::vector<IsaTypeKernels> types = {
+      {T::kF32, FloatKernels<LoadF32>(F32FromFloat), {}, {}, ScalarAxpy<F32At>},
+      {T::kF16, FloatKernels<LoadF16>(F16FromFloat), {}, {}, ScalarAxpy<F16At>},
+      {T::kBF16, FloatKernels<LoadBf16>(Bf16FromFloat), {}, {}, ScalarAxpy<Bf16At>},
+      {T::kQ8_0,
+       QuantKernels<Q8_0Weight, BlockQ8_0>(Q8_0ToFloat, Q8_0FromFloat),
+       {},
+       {},
+       ScalarAxpy<Q8_0At>},
+      {T::kQ4_0,
+       QuantKernels<Q4_0Weight, BlockQ4_0>(Q4_0ToFloat, QuantizeQ4_0Reference),
+       {},
+       {},
+       ScalarAxpy<Q4_0At>},
   };
+  for (const IsaTypeKernels& k : ScalarQuantTypes()) types.push_back(k);
+  return types;
+}
+
+}  // namespace
+
+const IsaKernels& ScalarKernels() {
+  static const std::vector<IsaTypeKernels> types = ScalarTypes();
+  static const IsaKernels kernels = {types.data(), static_cast<int>(types.size()), AttendScalar};
   return kernels;
 }
 

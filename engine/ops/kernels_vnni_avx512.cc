@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "engine/ops/kernels_internal.h"
+#include "engine/ops/quants_ref.h"
 
 // After the shared headers, so that only this file's own functions get the VNNI target.
 #if defined(__clang__)

@@ -101,7 +101,8 @@ void MatMulScratch::Reserve(int64_t max_tokens, int64_t max_cols) {
   const int64_t cols = (max_cols + 63) / 64 * 64;
   const size_t per_token =
       std::max({static_cast<size_t>(cols) * sizeof(float), static_cast<size_t>(PanelRowBytes(cols)),
-                static_cast<size_t>(TileRowBytes(cols)), RowBytes(GgmlType::kQ8_0, cols)});
+                static_cast<size_t>(TileRowBytes(cols)), RowBytes(GgmlType::kQ8_0, cols),
+                static_cast<size_t>((cols + kQK_K - 1) / kQK_K) * sizeof(BlockQ8_K)});
   const size_t bytes = static_cast<size_t>(max_tokens) * per_token + 64;
   if (buffer_.size() < bytes) buffer_.resize(bytes);
 }
@@ -126,7 +127,7 @@ void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tok
     const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
     size_t stride = static_cast<size_t>(cols) * sizeof(float);
     if (gemm->quantize != nullptr) {
-      stride = static_cast<size_t>(TileRowBytes(cols));
+      stride = gemm->row_bytes(cols);
       if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
       ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
         gemm->quantize(x + t * cols, cols, gemm->offset, scratch_data + t * stride);
@@ -143,7 +144,7 @@ void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tok
     return;
   }
   if (const QuantDot* quant = ops_internal::QuantDotFor(w.type, isa); quant != nullptr) {
-    const size_t stride = static_cast<size_t>(PanelRowBytes(cols));
+    const size_t stride = quant->row_bytes(cols);
     if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
     ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
       quant->quantize_panel(x + t * cols, cols, quant->offset, scratch_data + t * stride);
@@ -190,7 +191,7 @@ void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, co
   const int64_t cols = w[0]->cols;
   uint8_t* panel = Align64(scratch.data());
   const size_t pad = static_cast<size_t>(panel - scratch.data());
-  if (static_cast<size_t>(PanelRowBytes(cols)) + pad > scratch.size()) {
+  if (quant->row_bytes(cols) + pad > scratch.size()) {
     Fatal("scratch too small", *w[0]);
   }
   quant->quantize_panel(x, cols, quant->offset, panel);

@@ -1,11 +1,13 @@
-// RowDot: the panel kernels of kernels_internal.h for Q8_0/Q4_0 on SIMD ISAs, else the type's
-// vec_dot over activations converted to its vec_dot_type.
+// RowDot: the panel kernels of kernels_internal.h for quantized types on SIMD ISAs (Q8_0 panels
+// or Q8_K blocks, as the type table says), else the type's vec_dot over activations converted to
+// its vec_dot_type.
 #include "engine/ops/row_dot.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "engine/ops/kernels_internal.h"
+#include "engine/ops/type_table.h"
 
 namespace thermocline {
 
@@ -21,10 +23,10 @@ RowDot::RowDot(GgmlType type, Isa isa) : kernels_(KernelsFor(type, isa)), isa_(i
 }
 
 size_t RowDot::PreparedBytes(GgmlType type, int64_t n) {
-  const TypeKernels* k = KernelsFor(type, Isa::kScalar);
-  if (k == nullptr) return 0;
-  size_t bytes = RowBytes(k->vec_dot_type, n);
-  if (type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0) {
+  const WeightTypeRow* row = FindWeightType(type);
+  if (row == nullptr) return 0;
+  size_t bytes = RowBytes(KernelsFor(type, Isa::kScalar)->vec_dot_type, n);
+  if (row->activations == ActivationFormat::kQ8_0) {
     bytes = std::max<size_t>(bytes, static_cast<size_t>(ops_internal::PanelRowBytes(n)));
   }
   return bytes;

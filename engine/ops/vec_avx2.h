@@ -167,4 +167,125 @@ inline F HalfLowToFloat(I v) {
       _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
 }
 
+// ---- Decoding the other quantized types (kBlocks groups of 32 int8 per I) ----
+// 32 bytes at p (AVX-512: and 32 at p + step in the upper half).
+inline I LoadGroups(const uint8_t* p, int64_t /*step*/) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+// 16-bit lanes shifted right by s0 (AVX-512: the upper half by s1).
+inline I SrlGroups(I v, int s0, int /*s1*/) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(s0)); }
+inline I SllI16(I v, int s) { return _mm256_sll_epi16(v, _mm_cvtsi32_si128(s)); }
+inline I AndBytes(I v, int m) {
+  return _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>(m)));
+}
+inline I OrI(I a, I b) { return _mm256_or_si256(a, b); }
+// The 16 nibble bytes of a block at qs as 32 values 0..15 in element order (low nibbles, then
+// high ones); AVX-512: the next block's, block_bytes further, in the upper half when nblk > 1.
+inline I LoadNibbles(const uint8_t* qs, int64_t /*block_bytes*/, int /*nblk*/) {
+  const __m256i q =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i shifted = _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+  return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+}
+// Bit j of the 32-bit little-endian mask at p as byte j: 0xFF where set, 0 where clear.
+inline I LoadBitBytes(const uint8_t* p, int64_t /*block_bytes*/, int /*nblk*/) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, p, 4);
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+}
+// The fp16 value at p in every lane of its block (AVX-512: the next block's, block_bytes further,
+// in lanes 8..15, zero when nblk == 1).
+inline F LoadHalfLanes(const uint8_t* p, int64_t /*block_bytes*/, int /*nblk*/) {
+  uint16_t h;
+  __builtin_memcpy(&h, p, 2);
+  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(h)));
+}
+// Bytes 0..15 of idx replaced by table[idx] (16 int8 values).
+inline I Lut16(I idx, const int8_t* table) {
+  const __m256i t =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table)));
+  return _mm256_shuffle_epi8(t, idx);
+}
+// int16 lane i = w[2i] * x[2i] + w[2i+1] * x[2i+1], both signed (|w|, |x| <= 127).
+inline I MulPairsS8S8(I w, I x) {
+  return _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w, x));
+}
+// int16 lanes holding s[h] in the 8 lanes of each 16 elements h of the I (s[0..2 kBlocks)).
+inline I ScaleVector(const int16_t* s) {
+  int32_t v;
+  __builtin_memcpy(&v, s, 4);
+  return _mm256_shuffle_epi8(_mm256_set1_epi32(v),
+                             _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3,
+                                              2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+}
+// int32 lane i = a[2i] * b[2i] + a[2i+1] * b[2i+1] (int16 lanes).
+inline I MaddI16(I a, I b) { return _mm256_madd_epi16(a, b); }
+// Σ a[i] * b[i] over 16 int16 values.
+inline int32_t DotI16x16(const int16_t* a, const int16_t* b) {
+  const __m256i p = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+// A Q4_0 block's quants minus 8 as floats in element order (kQK4_0 / kLanes vectors).
+inline void Q4SignedFloats(const BlockQ4_0* b, F out[4]) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));
+  const __m256i lo = _mm256_cvtepu8_epi32(q);                     // bytes 0..7
+  const __m256i hi = _mm256_cvtepu8_epi32(_mm_srli_si128(q, 8));  // bytes 8..15
+  const __m256i mask = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+  out[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(lo, mask), eight));
+  out[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(hi, mask), eight));
+  out[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(lo, 4), eight));
+  out[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(hi, 4), eight));
+}
+
+// ---- Super-block scales: 16 small integers as int16 (256-bit operations on both ISAs) ----
+// out[j] = p[j], 16 bytes unsigned / signed.
+inline void WidenU8x16(const uint8_t* p, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline void WidenS8x16(const void* p, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+// out[2j] = out[2j + 1] = p[j], 8 bytes unsigned (scales of groups of 32 per 16 elements).
+inline void WidenU8x8Twice(const uint8_t* p, int16_t* out) {
+  __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  v = _mm_unpacklo_epi8(v, v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_cvtepu8_epi16(v));
+}
+// The same for 8 signed bytes.
+inline void WidenS8x8Twice(const void* p, int16_t* out) {
+  __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  v = _mm_unpacklo_epi8(v, v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_cvtepi8_epi16(v));
+}
+// out[j] = p[j] & 15 and hi[j] = p[j] >> 4 for 16 bytes.
+inline void SplitNibbles16(const uint8_t* p, int16_t* lo, int16_t* hi) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), _mm256_cvtepu8_epi16(_mm_and_si128(v, mask)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi),
+                      _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+}
+// The bits of a deposited at the set bits of mask, low to high (BMI2 pdep).
+inline uint64_t DepositBits(uint64_t a, uint64_t mask) { return _pdep_u64(a, mask); }
+// out[j] = in[j] * k, 16 int16.
+inline void MulI16x16(const int16_t* in, int16_t k, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_mullo_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)),
+                                         _mm256_set1_epi16(k)));
+}
+inline void ZeroI16x16(int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_setzero_si256());
+}
+
 }  // namespace thermocline::vec_avx2

@@ -186,6 +186,124 @@ inline I ShiftLeftI32(I a, int bits) { return _mm512_slli_epi32(a, bits); }
 inline F AsFloat(I v) { return _mm512_castsi512_ps(v); }
 inline F HalfLowToFloat(I v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 
+// ---- Decoding the other quantized types (kBlocks groups of 32 int8 per I) ----
+inline I LoadGroups(const uint8_t* p, int64_t step) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if (step == 0) return _mm512_broadcast_i64x4(lo);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + step)), 1);
+}
+inline I SrlGroups(I v, int s0, int s1) {
+  const __m512i shifts = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(s0)),
+                                            _mm256_set1_epi16(static_cast<int16_t>(s1)), 1);
+  return _mm512_srlv_epi16(v, shifts);
+}
+inline I SllI16(I v, int s) { return _mm512_sll_epi16(v, _mm_cvtsi32_si128(s)); }
+inline I AndBytes(I v, int m) {
+  return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(m)));
+}
+inline I OrI(I a, I b) { return _mm512_or_si512(a, b); }
+inline I LoadNibbles(const uint8_t* qs, int64_t block_bytes, int nblk) {
+  __m512i q =
+      _mm512_maskz_broadcast_i32x4(0x00FF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  if (nblk > 1) {
+    q = _mm512_mask_broadcast_i32x4(
+        q, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + block_bytes)));
+  }
+  const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
+  return _mm512_and_si512(_mm512_srlv_epi32(q, shift), _mm512_set1_epi8(0x0F));
+}
+inline I LoadBitBytes(const uint8_t* p, int64_t block_bytes, int nblk) {
+  uint32_t lo, hi = 0;
+  __builtin_memcpy(&lo, p, 4);
+  if (nblk > 1) __builtin_memcpy(&hi, p + block_bytes, 4);
+  return _mm512_movm_epi8(static_cast<__mmask64>(lo) | (static_cast<__mmask64>(hi) << 32));
+}
+inline F LoadHalfLanes(const uint8_t* p, int64_t block_bytes, int nblk) {
+  uint16_t h0, h1 = 0;
+  __builtin_memcpy(&h0, p, 2);
+  if (nblk > 1) __builtin_memcpy(&h1, p + block_bytes, 2);
+  return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(h1)),
+                                          _mm_set1_epi16(static_cast<int16_t>(h0))));
+}
+inline I Lut16(I idx, const int8_t* table) {
+  const __m512i t =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table)));
+  return _mm512_shuffle_epi8(t, idx);
+}
+inline I MulPairsS8S8(I w, I x) {
+  const __mmask64 negative = _mm512_movepi8_mask(x);
+  const __m512i signed_w = _mm512_mask_sub_epi8(w, negative, _mm512_setzero_si512(), w);
+  return _mm512_maddubs_epi16(_mm512_abs_epi8(x), signed_w);
+}
+inline I ScaleVector(const int16_t* s) {
+  int64_t v;
+  __builtin_memcpy(&v, s, 8);
+  const __m512i pattern = _mm512_set_epi64(
+      0x0706070607060706LL, 0x0706070607060706LL, 0x0504050405040504LL, 0x0504050405040504LL,
+      0x0302030203020302LL, 0x0302030203020302LL, 0x0100010001000100LL, 0x0100010001000100LL);
+  return _mm512_shuffle_epi8(_mm512_set1_epi64(v), pattern);
+}
+inline I MaddI16(I a, I b) { return _mm512_madd_epi16(a, b); }
+inline int32_t DotI16x16(const int16_t* a, const int16_t* b) {
+  const __m256i p = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+// A Q4_0 block's quants minus 8 as floats in element order: a nibble in the low bits of a
+// 32-bit lane indexes a table of the 16 values (vpermps reads 4 bits).
+inline void Q4SignedFloats(const BlockQ4_0* b, F out[2]) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs)));
+  const __m512 values = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  out[0] = _mm512_permutexvar_ps(v, values);
+  out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), values);
+}
+
+// ---- Super-block scales: 16 small integers as int16 (256-bit operations on both ISAs) ----
+// out[j] = p[j], 16 bytes unsigned / signed.
+inline void WidenU8x16(const uint8_t* p, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline void WidenS8x16(const void* p, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+// out[2j] = out[2j + 1] = p[j], 8 bytes unsigned (scales of groups of 32 per 16 elements).
+inline void WidenU8x8Twice(const uint8_t* p, int16_t* out) {
+  __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  v = _mm_unpacklo_epi8(v, v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_cvtepu8_epi16(v));
+}
+// The same for 8 signed bytes.
+inline void WidenS8x8Twice(const void* p, int16_t* out) {
+  __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  v = _mm_unpacklo_epi8(v, v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_cvtepi8_epi16(v));
+}
+// out[j] = p[j] & 15 and hi[j] = p[j] >> 4 for 16 bytes.
+inline void SplitNibbles16(const uint8_t* p, int16_t* lo, int16_t* hi) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), _mm256_cvtepu8_epi16(_mm_and_si128(v, mask)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi),
+                      _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+}
+// The bits of a deposited at the set bits of mask, low to high (BMI2 pdep).
+inline uint64_t DepositBits(uint64_t a, uint64_t mask) { return _pdep_u64(a, mask); }
+// out[j] = in[j] * k, 16 int16.
+inline void MulI16x16(const int16_t* in, int16_t k, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_mullo_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)),
+                                         _mm256_set1_epi16(k)));
+}
+inline void ZeroI16x16(int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_setzero_si256());
+}
+
 }  // namespace thermocline::THERMOCLINE_VEC_NS
 
 #undef THERMOCLINE_VEC_NS

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/ops/type_table.h"
 
 namespace thermocline {
 namespace {
@@ -37,13 +38,16 @@ OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t
 
 absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
                                             const int32_t* order) {
-  const TypeKernels* src = KernelsFor(down.type);
-  if (src == nullptr) {
+  const WeightTypeRow* row = FindWeightType(down.type);
+  if (row == nullptr) {
     return absl::UnimplementedError(
         absl::StrCat("no kernels for ", TypeName(down.type), ": cannot build down_t"));
   }
+  const TypeKernels* src = KernelsFor(down.type);
   const int64_t rows = down.rows, cols = down.cols;  // down: (n_embd, n_ff)
-  GgmlType type = down.type;
+  // The table's down_t type: the same for float, Q8_0 and Q4_0 weights, Q8_0 for the others
+  // (type_table.cc says why); F32 when its blocks do not divide the rows.
+  GgmlType type = row->down_t;
   if (rows % TypeInfo(type).block_size != 0) type = GgmlType::kF32;
   const TypeKernels* dst = KernelsFor(type);
   std::vector<int32_t> row_of(cols);  // source column → its row of down_t

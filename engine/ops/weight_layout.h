@@ -35,8 +35,9 @@ struct OwnedWeight {
   static OwnedWeight Allocate(GgmlType type, int64_t rows, int64_t cols);
 };
 
-// down_t: (down.cols, down.rows) of down's type, or F32 when that type's block size does not
-// divide down.rows (or it has no kernels). Parallel over the pool. With `order` (a permutation
+// down_t: (down.cols, down.rows) of the type table's down_t type for down's type (its own type
+// for float, Q8_0 and Q4_0 weights, Q8_0 for the others), or F32 when that type's block size
+// does not divide down.rows. Parallel over the pool. With `order` (a permutation
 // of down.cols entries), row k of down_t is column order[k] of down.
 absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
                                             const int32_t* order = nullptr);

@@ -63,8 +63,10 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
   for (size_t l = 0; l < plan.size(); ++l) {
     const SparseLayerPlan& p = plan[l];
     const LayerWeights& L = model.layers()[l];
-    if (KernelsFor(L.ffn_gate.type) == nullptr || KernelsFor(L.ffn_up.type) == nullptr) {
-      return absl::UnimplementedError(absl::StrCat("layer ", l, ": FFN type has no kernels"));
+    if (!SparseRowsSupported(L.ffn_gate.type) || !SparseRowsSupported(L.ffn_up.type)) {
+      return absl::UnimplementedError(
+          absl::StrCat("layer ", l, ": FFN types ", TypeName(L.ffn_gate.type), "/",
+                       TypeName(L.ffn_up.type), " have no sparse kernels"));
     }
     if (p.rank > 0 &&
         (p.fc1.view.rows != p.rank || p.fc1.view.cols != h.n_embd || p.fc2.view.rows != h.n_ff ||

@@ -1,5 +1,5 @@
 // The neuron-aware operators: row-sparse mat-vec (the row-dot kernels of engine/ops/row_dot.h
-// over the listed rows, gate and up fused) and the axpy of down_t rows (sparse_kernels.h) with
+// over the listed rows, gate and up fused) and the axpy of down_t rows (kernels.h's AxpyFor) with
 // per-part accumulators. Rows a part will need soon are prefetched: active rows are scattered,
 // so the hardware prefetchers only see each row once it has started.
 #include "engine/sparse/sparse_ops.h"
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops/row_dot.h"
-#include "engine/sparse/sparse_kernels.h"
+#include "engine/ops/type_table.h"
 
 namespace thermocline {
 
@@ -23,18 +23,11 @@ void SparseScratch::Reserve(int n_threads, int64_t max_cols, int64_t max_active)
 
 namespace {
 
-using sparse_internal::AxpyFn;
-using sparse_internal::AxpyFor;
-using sparse_internal::kMaxAxpyRows;
-
 // A part of a parallel operator should stream at least this many weight bytes: below it the
 // hand-off to another thread costs more than the work it takes away.
 constexpr size_t kMinPartBytes = 32 << 10;
 // Active rows per row-dot kernel call (RowDot::DotRows).
 constexpr int kRowsPerDot = 4;
-
-constexpr GgmlType kKernelTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
-                                     GgmlType::kQ8_0, GgmlType::kQ4_0};
 
 // The row dots of (type, isa), or the scalar ones when this CPU lacks `isa` (Prepare and Dot
 // then agree, as both come through here).
@@ -46,9 +39,9 @@ RowDot RowDotOrScalar(GgmlType type, Isa isa) {
 // The (type, isa) whose kernel table entry `k` is; false for kernels from elsewhere.
 bool IdentifyKernels(const TypeKernels& k, GgmlType* type, Isa* isa) {
   for (Isa i : AvailableIsas()) {
-    for (GgmlType t : kKernelTypes) {
-      if (KernelsFor(t, i) == &k) {
-        *type = t;
+    for (const WeightTypeRow& row : TypeRows()) {
+      if (KernelsFor(row.type, i) == &k) {
+        *type = row.type;
         *isa = i;
         return true;
       }
@@ -102,6 +95,11 @@ void SparseAxpyRows(Isa isa, const WeightView& w_t, int64_t col0, int64_t cols, 
                     const float* act, int64_t n, float* out) {
   if (AxpyFor(w_t.type, isa) == nullptr) isa = Isa::kScalar;
   AxpyInto(AxpyFor(w_t.type, isa), w_t, col0, cols, idx, act, n, out);
+}
+
+bool SparseRowsSupported(GgmlType type) {
+  const WeightTypeRow* row = FindWeightType(type);
+  return row != nullptr && row->sparse;
 }
 
 size_t PreparedBytes(GgmlType type, int64_t n) { return RowDot::PreparedBytes(type, n); }

@@ -55,6 +55,9 @@ class SparseScratch {
 
 // ---- Gate and up: row-sparse mat-vec over activations prepared once per token ----
 
+// Whether the row-sparse operators take rows of `type` (the type table's sparse column).
+bool SparseRowsSupported(GgmlType type);
+
 // Bytes of x: (n) prepared for the row dots of weights of `type`, for any ISA (int8 panels for
 // Q8_0/Q4_0, F32 for float types; engine/ops/row_dot.h).
 size_t PreparedBytes(GgmlType type, int64_t n);

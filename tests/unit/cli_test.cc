@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "model_fixtures.h"
@@ -92,6 +93,22 @@ TEST_CASE("inspect lists metadata and tensors", "[cli]") {
   const Result text = Run("inspect " + TestModelPath("stories260K.gguf"));
   CHECK(text.exit_code == 0);
   CHECK_THAT(text.out, Catch::Contains("general.architecture"));
+  CHECK_THAT(text.out, Catch::Contains("tensor types: f32 x"));
+}
+
+TEST_CASE("inspect counts the tensors of each type of a llama.cpp file", "[cli][kquants]") {
+  const std::string path = TestModelPath("kquants/stories-wide.q4_k_m.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("kquants/ not found");
+  const Result text = Run("inspect " + path);
+  CHECK(text.exit_code == 0);
+  // The kit's README: q4_K x32, q6_K x5, the norms f32.
+  CHECK_THAT(text.out, Catch::Contains("tensor types: f32 x11, q4_K x32, q6_K x5"));
+  CHECK_THAT(text.out, Catch::Contains("blk.2.attn_v.weight"));
+  const nlohmann::json j = JsonOf(Run("inspect --json " + path));
+  CHECK(j["tensor_types"]["q6_K"] == 5);
+  for (const auto& t : j["tensors"]) {
+    if (t["name"] == "output.weight") CHECK(t["type"] == "q6_K");
+  }
 }
 
 TEST_CASE("perplexity --json prints ppl", "[cli]") {

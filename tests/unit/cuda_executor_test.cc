@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
+#include "bench/gpu_ffn_backend.h"
 #include "cuda_test_util.h"
 #include "engine/gpu/gpu_backend.h"
-#include "bench/gpu_ffn_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/model/cpu_ops.h"
 #include "engine/util/thread_pool.h"
@@ -49,9 +49,10 @@ std::vector<double> ReferenceFfn(const WeightView& gate, const WeightView& up,
 
 TEST_CASE("CUDA FFN executor: the device part equals the CPU's for that part", "[cuda]") {
   if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
-  const int64_t n_embd = 96, n_ff = 250, rank = 32;
+  const int64_t n_ff = 250, rank = 32;
   uint32_t seed = 500;
   for (GgmlType type : kTypes) {
+    const int64_t n_embd = ColsFor(type, 96);
     for (FfnActivation act : {FfnActivation::kSilu, FfnActivation::kRelu, FfnActivation::kDRelu}) {
       INFO(TypeName(type) << " " << ActivationName(act));
       std::vector<OwnedWeight> keep;

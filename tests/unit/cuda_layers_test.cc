@@ -125,5 +125,64 @@ TEST_CASE("CUDA whole layers: the cap refuses what does not fit", "[cuda]") {
   CHECK((*fits)->output_on_gpu());
 }
 
+// Every weight type of llama.cpp's files with all layers and the head on the device. The device
+// dots the non-Q8_0/Q4_0 types with F32 activations, the CPU with 8-bit ones, so logits differ by
+// the activation quantization's noise (up to ~0.6 on these files, kquants_reference_test.cc), and
+// greedy tokens agree until a near-tie; a wrong decoder moves logits by whole units.
+TEST_CASE("CUDA whole layers run every llama.cpp weight type as the CPU does", "[cuda]") {
+  if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
+  for (const char* type : {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k_m",
+                           "q4_k_m", "q5_k_m", "q6_k", "iq4_xs"}) {
+    const std::string file = std::string("kquants/stories-wide.") + type + ".gguf";
+    const std::string path = testing::TestModelPath(file);
+    if (!std::filesystem::exists(path)) THERMOCLINE_SKIP(file + " not found");
+    INFO(file);
+    const LlamaModel& model = testing::CachedModel(path);
+    const LlamaHparams& h = model.hparams();
+    ThreadPool pool(2);
+    SessionOptions so;
+    so.n_ctx = 128;
+    so.max_batch = 4;
+    auto cpu = Session::Create(model, &pool, so);
+    auto s = Session::Create(model, &pool, so);
+    REQUIRE_OK(cpu.status());
+    REQUIRE_OK(s.status());
+    gpu::GpuLayersSpec spec;
+    spec.model = &model;
+    spec.layers.assign(h.n_layer, 1);
+    spec.output = true;
+    spec.n_ctx = so.n_ctx;
+    spec.max_batch = so.max_batch;
+    absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> layers = gpu::CreateGpuLayers(spec);
+    REQUIRE_OK(layers.status());
+    (*s)->set_layer_backend(layers->get());
+    const nlohmann::json ref =
+        testing::LoadReference(std::string("kquants/stories-wide.") + type + ".llama-cpp.json");
+    for (const auto& p : ref["prompts"]) {
+      const std::vector<int32_t> prompt = p["prompt_ids"].get<std::vector<int32_t>>();
+      (*cpu)->Reset();
+      (*s)->Reset();
+      REQUIRE_OK((*cpu)->Eval(prompt));
+      REQUIRE_OK((*s)->Eval(prompt));
+      for (int step = 0; step < 16; ++step) {
+        const float* a = (*cpu)->logits();
+        const float* b = (*s)->logits();
+        double diff = 0;
+        for (int64_t i = 0; i < h.n_vocab; ++i)
+          diff = std::max(diff, std::fabs(double{a[i]} - b[i]));
+        CHECK(diff < 0.8);
+        const int32_t ta = static_cast<int32_t>(std::max_element(a, a + h.n_vocab) - a);
+        const int32_t tb = static_cast<int32_t>(std::max_element(b, b + h.n_vocab) - b);
+        if (ta != tb) {
+          CHECK(a[ta] - a[tb] < 0.4);  // a near-tie
+          break;
+        }
+        REQUIRE_OK((*cpu)->Eval({&ta, 1}));
+        REQUIRE_OK((*s)->Eval({&ta, 1}));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace thermocline

@@ -8,11 +8,11 @@
 #include <random>
 #include <vector>
 
+#include "bench/gpu_ops.h"
 #include "cuda_test_util.h"
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/gpu/gpu_memory.h"
-#include "bench/gpu_ops.h"
 #include "engine/model/cpu_ops.h"
 
 namespace thermocline {
@@ -80,11 +80,13 @@ TEST_CASE("GPU probe: no device is a clean error, a device is described", "[gpu]
 
 TEST_CASE("CUDA mat-vec equals the CPU reference for every type", "[cuda]") {
   REQUIRE_GPU_OPS(ops);
-  const int64_t shapes[][2] = {{1, 32}, {7, 96}, {131, 288}, {1001, 4096}, {67, 4128}};
+  const int64_t shapes[][2] = {{1, 32},    {7, 96},  {131, 288}, {1001, 4096},
+                               {67, 4128}, {5, 768}, {3, 256}};
   uint32_t seed = 1;
   for (GgmlType type : kTypes) {
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];
+      if (cols % TypeInfo(type).block_size != 0) continue;  // super-blocks: 256, 768, 4096
       INFO(TypeName(type) << " " << rows << "x" << cols);
       const OwnedWeight w = RandomWeight(type, rows, cols, ++seed);
       const std::vector<float> x = RandomFloats(cols, ++seed);
@@ -113,7 +115,7 @@ TEST_CASE("CUDA prefill GEMM (cuBLAS) equals the dequantized float product", "[c
   REQUIRE_GPU_OPS(ops);
   uint32_t seed = 100;
   for (GgmlType type : kTypes) {
-    const int64_t rows = 75, cols = 160, n_tokens = 5;
+    const int64_t rows = 75, cols = ColsFor(type, 160), n_tokens = 5;
     INFO(TypeName(type));
     const OwnedWeight w = RandomWeight(type, rows, cols, ++seed);
     const std::vector<float> x = RandomFloats(n_tokens * cols, ++seed);
@@ -152,7 +154,7 @@ TEST_CASE("CUDA sparse kernels equal the dense ones restricted to the active set
   REQUIRE_GPU_OPS(ops);
   uint32_t seed = 200;
   for (GgmlType type : kTypes) {
-    const int64_t n_ff = 301, n_embd = 160;
+    const int64_t n_ff = 301, n_embd = ColsFor(type, 160);
     INFO(TypeName(type));
     const OwnedWeight w = RandomWeight(type, n_ff, n_embd, ++seed);
     const std::vector<int32_t> table = Table(n_ff, ++seed);

@@ -13,18 +13,22 @@
 #include <vector>
 
 #include "engine/ops/ggml_types.h"
+#include "engine/ops/kernels_internal.h"
 #include "engine/ops/row_dot.h"
+#include "engine/ops/type_table.h"
+#include "quant_test_util.h"
 
 namespace thermocline {
 namespace {
 
 constexpr double kEps = std::numeric_limits<float>::epsilon();
-constexpr GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                               GgmlType::kQ4_0};
+const std::vector<GgmlType> kTypes = testing::WeightTypes();
+using testing::IsQuantized;
 
-bool IsQuantized(GgmlType type) { return TypeInfo(type).block_size > 1; }
-
+// Sizes not a multiple of the kernels' unrolling: odd numbers of blocks, one block, and rows of
+// several panel groups (32-element types) or super-blocks.
 std::vector<int64_t> Sizes(GgmlType type) {
+  if (TypeInfo(type).block_size == kQK_K) return {256, 512, 768, 1280, 2304};
   if (IsQuantized(type)) return {32, 64, 96, 160, 544, 4064};
   return {1, 7, 31, 33, 100, 257, 4097};
 }
@@ -50,36 +54,17 @@ std::string Label(GgmlType type, Isa isa, int64_t n) {
 
 // How far a SIMD dot may be from the reference (which sums in double, so it is near exact).
 double DotTolerance(GgmlType type, int64_t n, const void* w, const void* x) {
+  if (IsQuantized(type)) return testing::QuantDotTolerance(type, n, w, x);
+  // The kernels sum in >= 8 float lanes with a few accumulators and a final tree, so every
+  // partial sum goes through at most n / 8 + 32 roundings, each at most eps times a magnitude
+  // bounded by sum |w_i x_i|.
   const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
   std::vector<float> wf(static_cast<size_t>(n)), xf(static_cast<size_t>(n));
   ref.to_float(w, wf.data(), n);
   KernelsFor(ref.vec_dot_type, Isa::kScalar)->to_float(x, xf.data(), n);
-  if (!IsQuantized(type)) {
-    // The kernels sum in >= 8 float lanes with a few accumulators and a final tree, so every
-    // partial sum goes through at most n / 8 + 32 roundings, each at most eps times a magnitude
-    // bounded by sum |w_i x_i|.
-    double abs_sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) abs_sum += std::fabs(double{wf[i]} * xf[i]);
-    return (static_cast<double>(n) / 8 + 32) * kEps * abs_sum;
-  }
-  // The int8 kernels make weights unsigned (w + offset, offset <= 128) and add the correction
-  // -offset * d_x * sum(x) per block in float: a lane's value d_x * dot + c is rounded (then
-  // scaled by d_w and accumulated, a second rounding) at a magnitude bounded by
-  // |d_w d_x| sum (|w_i| + 2 * 128) |x_i|, not by |w x|. One such step per block and lane.
-  const int64_t nb = n / kQK8_0;
   double abs_sum = 0.0;
-  for (int64_t b = 0; b < nb; ++b) {
-    const float dw = HalfToFloat(*reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w) +
-                                                                    b * TypeInfo(type).type_size));
-    const float dx = HalfToFloat(static_cast<const BlockQ8_0*>(x)[b].d);
-    for (int j = 0; j < kQK8_0; ++j) {
-      const int64_t i = b * kQK8_0 + j;
-      const double wq = dw != 0.0f ? wf[i] / dw : 0.0;  // the integer weight
-      const double xq = dx != 0.0f ? xf[i] / dx : 0.0;
-      abs_sum += std::fabs(double{dw} * dx) * (std::fabs(wq) + 256) * std::fabs(xq);
-    }
-  }
-  return (static_cast<double>(nb) + 32) * 2 * kEps * abs_sum;
+  for (int64_t i = 0; i < n; ++i) abs_sum += std::fabs(double{wf[i]} * xf[i]);
+  return (static_cast<double>(n) / 8 + 32) * kEps * abs_sum;
 }
 
 TEST_CASE("AvailableIsas starts with scalar and has a table for every type", "[kernels]") {
@@ -92,10 +77,19 @@ TEST_CASE("AvailableIsas starts with scalar and has a table for every type", "[k
       INFO(Label(type, isa, 0));
       const TypeKernels* k = KernelsFor(type, isa);
       REQUIRE(k != nullptr);
-      CHECK(k->vec_dot_type == (IsQuantized(type) ? GgmlType::kQ8_0 : GgmlType::kF32));
+      const ActivationFormat act = FindWeightType(type)->activations;
+      CHECK(k->vec_dot_type == (act == ActivationFormat::kF32    ? GgmlType::kF32
+                                : act == ActivationFormat::kQ8_0 ? GgmlType::kQ8_0
+                                                                 : GgmlType::kQ8_K));
+      CHECK(AxpyFor(type, isa) != nullptr);
+      if (isa != Isa::kScalar && IsQuantized(type)) {  // every SIMD ISA has panels and gemm
+        CHECK(ops_internal::QuantDotFor(type, isa) != nullptr);
+        CHECK(ops_internal::GemmFor(type, isa) != nullptr);
+      }
     }
   }
-  CHECK(KernelsFor(GgmlType::kQ4_K) == nullptr);
+  CHECK(KernelsFor(GgmlType::kIQ2_XXS) == nullptr);
+  CHECK(FindWeightType(GgmlType::kQ8_K) == nullptr);  // activations only
   if (isas.size() == 1) WARN("only the scalar kernels run on this CPU: SIMD parity not tested");
 }
 

@@ -14,6 +14,7 @@
 
 #include "engine/ops/kernels.h"
 #include "engine/util/thread_pool.h"
+#include "quant_test_util.h"
 
 namespace thermocline {
 namespace {
@@ -53,12 +54,12 @@ void CheckMatMul(GgmlType type, int64_t rows, int64_t cols, int64_t max_tokens =
 
   // Per output: the scalar vec_dot on converted activations (what MatMul computes, up to
   // summation order); the bound of kernels_test on its distance to the SIMD kernels (roundings
-  // at magnitudes up to sum |w x| for floats, sum (|w| + 256 |d_w|) |x| for the int8 kernels,
-  // which offset the weights); and, against MatMulReference, the activation quantization error:
-  // half a step of d_x per element plus the fp16 rounding of d_x (at most 127 * 2^-11 d_x),
-  // under 0.6 d_x, times |w|.
+  // at magnitudes up to sum |w x| for floats, quant_test_util.h's for the int8 kernels, which
+  // offset the weights); and, against MatMulReference, the activation quantization error: half
+  // a step (amax / 127 of the activation block) per element plus the fp16 rounding of Q8_0's
+  // scale (at most 127 * 2^-11 steps), under 0.6 steps, times |w|.
   const size_t x_row_bytes = RowBytes(ref.vec_dot_type, cols);
-  const int64_t block_bytes = TypeInfo(type).type_size;
+  const int64_t x_block = TypeInfo(ref.vec_dot_type).block_size;
   std::vector<uint8_t> xq(x_row_bytes * max_tokens);
   std::vector<float> xq_f(static_cast<size_t>(cols)), w_f(static_cast<size_t>(cols));
   std::vector<float> want(static_cast<size_t>(max_tokens * rows));
@@ -71,23 +72,22 @@ void CheckMatMul(GgmlType type, int64_t rows, int64_t cols, int64_t max_tokens =
     for (int64_t t = 0; t < max_tokens; ++t) {
       const uint8_t* xt = xq.data() + t * x_row_bytes;
       x_ref.to_float(xt, xq_f.data(), cols);
-      double abs_sum = 0.0, offset_sum = 0.0, quant_err = 0.0;
-      for (int64_t i = 0; i < cols; ++i) {
-        abs_sum += std::fabs(double{w_f[i]} * xq_f[i]);
-        if (quantized) {
-          const int64_t b = i / kQK8_0;
-          uint16_t dw_bits;
-          std::memcpy(&dw_bits, w.view.row(r) + b * block_bytes, 2);
-          const double dw = HalfToFloat(dw_bits);
-          const double dx = HalfToFloat(reinterpret_cast<const BlockQ8_0*>(xt)[b].d);
-          offset_sum += (std::fabs(w_f[i]) + 256 * std::fabs(dw)) * std::fabs(xq_f[i]);
-          quant_err += 0.6 * dx * std::fabs(w_f[i]);
+      double abs_sum = 0.0, quant_err = 0.0;
+      for (int64_t i = 0; i < cols; ++i) abs_sum += std::fabs(double{w_f[i]} * xq_f[i]);
+      if (quantized) {
+        for (int64_t b = 0; b < cols; b += x_block) {
+          double amax = 0.0;
+          for (int64_t i = b; i < b + x_block; ++i) {
+            amax = std::max(amax, std::fabs(double{x[t * cols + i]}));
+          }
+          for (int64_t i = b; i < b + x_block; ++i)
+            quant_err += 0.6 * amax / 127 * std::fabs(w_f[i]);
         }
       }
       const size_t o = static_cast<size_t>(t * rows + r);
       want[o] = ref.vec_dot(cols, w.view.row(r), xt);
-      const double roundings = quantized ? cols / kQK8_0 : cols / 8.0;
-      tol_kernel[o] = (roundings + 32) * 2 * kEps * (quantized ? offset_sum : abs_sum);
+      tol_kernel[o] = quantized ? testing::QuantDotTolerance(type, cols, w.view.row(r), xt)
+                                : (cols / 8.0 + 32) * 2 * kEps * abs_sum;
       tol_ref[o] = quant_err + tol_kernel[o] + (cols / 8.0 + 32) * 2 * kEps * abs_sum;
     }
   }
@@ -126,6 +126,14 @@ TEST_CASE("MatMul matches its references for every type", "[matmul]") {
     CheckMatMul(type, 37, 96);    // odd rows, odd number of blocks
     CheckMatMul(type, 160, 544);  // several row blocks per thread
   }
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL}) {
+    CheckMatMul(type, 37, 96, 20);   // odd rows and blocks; gemm from 2 tokens
+    CheckMatMul(type, 40, 544, 20);  // a column chunk of 16 blocks and a ragged one
+  }
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                        GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
+    CheckMatMul(type, 37, 768, 20);  // odd rows, an odd number of super-blocks: a ragged chunk
+  }
   for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
     CheckMatMul(type, 48, 2080);  // several column chunks in the tile kernels, 65 blocks
   }
@@ -139,8 +147,9 @@ TEST_CASE("MatMul matches its references for every type", "[matmul]") {
 // otherwise): every output equals its own MatMul bit for bit (the same kernels on the same
 // converted activations), for 1 to 3 threads.
 TEST_CASE("MatMulSameInput equals one MatMul per weight", "[matmul]") {
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16}) {
-    const int64_t cols = 160;
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kQ5_1,
+                        GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    const int64_t cols = TypeInfo(type).block_size == kQK_K ? 256 : 160;
     const Matrix q = RandomMatrix(type, 300, cols, 1), k = RandomMatrix(type, 37, cols, 2),
                  v = RandomMatrix(type, 5000, cols, 3);  // ranges that cross from q to k to v
     std::mt19937 rng(9);

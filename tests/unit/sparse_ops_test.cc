@@ -13,15 +13,27 @@
 
 #include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
-#include "engine/sparse/sparse_kernels.h"
+#include "engine/ops/type_table.h"
 #include "engine/util/thread_pool.h"
+#include "quant_test_util.h"
 
 namespace thermocline {
 namespace {
 
 constexpr double kEps = std::numeric_limits<float>::epsilon();
-const GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                           GgmlType::kQ4_0};
+const std::vector<GgmlType> kTypes = testing::WeightTypes();
+
+// Columns of a row: `small` rounded up to whole blocks of `type` (one super-block at least).
+int64_t Cols(GgmlType type, int64_t small) {
+  const int64_t b = TypeInfo(type).block_size;
+  return (small + b - 1) / b * b;
+}
+
+// The type of down_t that TransposeWeight makes for a down of `type` with `rows` rows.
+GgmlType DownTType(GgmlType type, int64_t rows) {
+  const GgmlType t = FindWeightType(type)->down_t;
+  return rows % TypeInfo(t).block_size == 0 ? t : GgmlType::kF32;
+}
 
 OwnedWeight RandomWeight(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -57,20 +69,26 @@ std::vector<std::vector<int32_t>> ActiveSets(int64_t n, uint32_t seed) {
 }
 
 // Error bound of a dot of n elements against the float reference: summation roundings (as in
-// matmul_test: (n/8 + 32) · 2ε · Σ|w x|, block-wise SIMD sums) plus, for Q8_0 activations, the
-// activation quantization: at most 0.6 d_x per element (half a step plus fp16 rounding of d_x).
-double DotBound(const float* w, const float* x, int64_t n, bool quantized) {
-  double abs_sum = 0, quant_err = 0;
+// matmul_test: (n/8 + 32) · 2ε · Σ|w x|, block-wise SIMD sums; for the int8 kernels
+// quant_test_util.h's bound on the prepared activations) plus, for quantized activations, their
+// quantization: at most 0.6 steps (amax / 127 of the activation block) per element.
+double DotBound(GgmlType type, const float* w, const float* x, int64_t n, const void* w_row) {
+  const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
+  double abs_sum = 0, quant_err = 0, kernel = 0;
   for (int64_t i = 0; i < n; ++i) abs_sum += std::fabs(static_cast<double>(w[i]) * x[i]);
-  if (quantized) {
-    for (int64_t b = 0; b < n; b += 32) {
+  if (ref.vec_dot_type != GgmlType::kF32) {
+    const int64_t block = TypeInfo(ref.vec_dot_type).block_size;
+    for (int64_t b = 0; b < n; b += block) {
       double amax = 0;
-      for (int64_t i = b; i < b + 32; ++i)
+      for (int64_t i = b; i < b + block; ++i)
         amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
-      for (int64_t i = b; i < b + 32; ++i) quant_err += 0.6 * amax / 127.0 * std::fabs(w[i]);
+      for (int64_t i = b; i < b + block; ++i) quant_err += 0.6 * amax / 127.0 * std::fabs(w[i]);
     }
+    std::vector<uint8_t> xq(RowBytes(ref.vec_dot_type, n));
+    KernelsFor(ref.vec_dot_type, Isa::kScalar)->from_float(x, xq.data(), n);
+    kernel = testing::QuantDotTolerance(type, n, w_row, xq.data());
   }
-  return quant_err + (n / 8.0 + 32) * 2 * kEps * abs_sum + 1e-30;
+  return quant_err + kernel + (n / 8.0 + 32) * 2 * kEps * abs_sum + 1e-30;
 }
 
 void CheckMatVec(GgmlType type, int64_t rows, int64_t cols, ThreadPool& pool) {
@@ -81,13 +99,18 @@ void CheckMatVec(GgmlType type, int64_t rows, int64_t cols, ThreadPool& pool) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(cols);
   for (float& f : x) f = dist(rng);
+  // Each row's bound, once (they do not depend on the ISA or the active set).
+  std::vector<double> bound_of(rows), bound_up_of(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    bound_of[r] = DotBound(type, wf.data() + r * cols, x.data(), cols, w.view.row(r));
+    bound_up_of[r] = DotBound(type, uf.data() + r * cols, x.data(), cols, w_up.view.row(r));
+  }
   const absl::StatusOr<InterleavedGateUp> interleaved = InterleaveGateUp(pool, w.view, w_up.view);
   REQUIRE(interleaved.ok());
   REQUIRE(interleaved->storage.view.rows == 2 * rows);
   for (Isa isa : AvailableIsas()) {
     const TypeKernels* k = KernelsFor(type, isa);
     if (k == nullptr) continue;
-    const bool quantized = k->vec_dot_type != GgmlType::kF32;
     std::vector<uint8_t> xc(ConvertedBytes(*k, cols));
     ConvertActivations(*k, isa, x.data(), cols, xc.data());
     std::vector<uint8_t> xp(PreparedBytes(type, cols));
@@ -116,8 +139,8 @@ void CheckMatVec(GgmlType type, int64_t rows, int64_t cols, ThreadPool& pool) {
       SparseMatVecReference(w.view, x.data(), idx.data(), n, ref.data());
       SparseMatVecReference(w_up.view, x.data(), idx.data(), n, ref_up.data());
       for (size_t j = 0; j < n; ++j) {
-        const double bound = DotBound(wf.data() + idx[j] * cols, x.data(), cols, quantized);
-        const double bound_up = DotBound(uf.data() + idx[j] * cols, x.data(), cols, quantized);
+        const double bound = bound_of[idx[j]];
+        const double bound_up = bound_up_of[idx[j]];
         INFO(TypeName(type) << " " << IsaName(isa) << " rows " << rows << " cols " << cols
                             << " active " << n << " j " << j << " threads " << pool.size());
         REQUIRE(std::fabs(y[j] - ref[j]) <= bound);
@@ -153,7 +176,7 @@ void CheckAxpy(GgmlType type, int64_t n_embd, int64_t n_ff, ThreadPool& pool) {
   const WeightView& w_t = dt->view;
   REQUIRE(w_t.rows == n_ff);
   REQUIRE(w_t.cols == n_embd);
-  if (n_embd % TypeInfo(type).block_size != 0) REQUIRE(w_t.type == GgmlType::kF32);
+  REQUIRE(w_t.type == DownTType(type, n_embd));
   const std::vector<float> df = Dequantized(down.view), tf = Dequantized(w_t);
   const bool exact_transpose =
       w_t.type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16;
@@ -202,8 +225,8 @@ TEST_CASE("sparse mat-vec equals dense rows for every type and ISA", "[sparse]")
     ThreadPool pool(threads);
     for (GgmlType type : kTypes) {
       const bool blocked = TypeInfo(type).block_size > 1;
-      CheckMatVec(type, 67, blocked ? 96 : 37, pool);
-      CheckMatVec(type, 301, blocked ? 256 : 131, pool);
+      CheckMatVec(type, 67, blocked ? Cols(type, 96) : 37, pool);
+      CheckMatVec(type, 301, blocked ? Cols(type, 256) + TypeInfo(type).block_size : 131, pool);
     }
   }
 }
@@ -213,8 +236,8 @@ TEST_CASE("sparse axpy over down_t equals dense down restricted", "[sparse]") {
     ThreadPool pool(threads);
     for (GgmlType type : kTypes) {
       const bool blocked = TypeInfo(type).block_size > 1;
-      CheckAxpy(type, blocked ? 64 : 37, blocked ? 96 : 67, pool);
-      CheckAxpy(type, 48, blocked ? 224 : 131, pool);  // 48: blocks don't divide → F32 down_t
+      CheckAxpy(type, blocked ? 64 : 37, blocked ? Cols(type, 96) : 67, pool);
+      CheckAxpy(type, 48, blocked ? Cols(type, 224) : 131, pool);  // 48: F32 down_t
     }
   }
 }
@@ -242,15 +265,17 @@ TEST_CASE("down_t is down's columns in the given order, byte for byte", "[sparse
   for (int threads : {1, 2, 3}) {
     ThreadPool pool(threads);
     for (GgmlType type : kTypes) {
+      // The types requantized into Q8_0 share its band logic: two threads are enough for them.
+      if (FindWeightType(type)->down_t != type && threads != 2) continue;
       const bool blocked = TypeInfo(type).block_size > 1;
       for (int64_t rows : {int64_t{64}, int64_t{2112}, int64_t{48}}) {
-        const int64_t cols = blocked ? 224 : 75;
+        const int64_t cols = blocked ? Cols(type, 224) + 2 * TypeInfo(type).block_size : 75;
         const OwnedWeight down = RandomWeight(type, rows, cols, 31 + static_cast<uint32_t>(rows));
         std::vector<int32_t> order(cols);
         for (int64_t k = 0; k < cols; ++k) order[k] = static_cast<int32_t>(k);
         std::mt19937 rng(7);
         std::shuffle(order.begin(), order.end(), rng);
-        const GgmlType t_type = rows % TypeInfo(type).block_size == 0 ? type : GgmlType::kF32;
+        const GgmlType t_type = DownTType(type, rows);
         INFO(TypeName(type) << " " << rows << "x" << cols << ", " << threads << " threads");
         absl::StatusOr<OwnedWeight> shuffled = TransposeWeight(pool, down.view, order.data());
         REQUIRE(shuffled.ok());
@@ -288,6 +313,8 @@ TEST_CASE("sparse operators split long lists over threads", "[sparse]") {
   for (int threads : {2, 3}) {
     ThreadPool pool(threads);
     for (GgmlType type : kTypes) {
+      // The newer types share the split logic with the others: one thread count for them.
+      if (FindWeightType(type)->down_t != type && threads != 3) continue;
       CheckMatVec(type, 1024, 512, pool);
       CheckAxpy(type, 512, 1024, pool);
     }
@@ -300,13 +327,13 @@ TEST_CASE("axpy kernels of every ISA equal the scalar kernels", "[sparse]") {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (GgmlType type : kTypes) {
     const bool blocked = TypeInfo(type).block_size > 1;
-    for (int64_t n :
-         {blocked ? int64_t{32} : int64_t{7}, blocked ? int64_t{96} : int64_t{45}, int64_t{256}}) {
-      const OwnedWeight w = RandomWeight(type, sparse_internal::kMaxAxpyRows, n, 8);
+    const int64_t b = TypeInfo(type).block_size;
+    for (int64_t n : {blocked ? b : int64_t{7}, blocked ? 3 * b : int64_t{45}, int64_t{256}}) {
+      const OwnedWeight w = RandomWeight(type, kMaxAxpyRows, n, 8);
       const std::vector<float> wf = Dequantized(w.view);
-      for (int k = 1; k <= sparse_internal::kMaxAxpyRows; ++k) {
-        const uint8_t* rows[sparse_internal::kMaxAxpyRows];
-        float a[sparse_internal::kMaxAxpyRows];
+      for (int k = 1; k <= kMaxAxpyRows; ++k) {
+        const uint8_t* rows[kMaxAxpyRows];
+        float a[kMaxAxpyRows];
         for (int r = 0; r < k; ++r) {
           rows[r] = w.view.row(r);
           a[r] = dist(rng);
@@ -314,11 +341,11 @@ TEST_CASE("axpy kernels of every ISA equal the scalar kernels", "[sparse]") {
         std::vector<float> init(n);
         for (float& f : init) f = dist(rng);
         std::vector<float> ref = init;
-        sparse_internal::AxpyFor(type, Isa::kScalar)(n, k, a, rows, ref.data());
+        AxpyFor(type, Isa::kScalar)(n, k, a, rows, ref.data());
         for (Isa isa : AvailableIsas()) {
           std::vector<float> acc = init;
           acc.push_back(99.0f);  // a guard past the end
-          sparse_internal::AxpyFor(type, isa)(n, k, a, rows, acc.data());
+          AxpyFor(type, isa)(n, k, a, rows, acc.data());
           for (int64_t i = 0; i < n; ++i) {
             double mag = std::fabs(init[i]);
             for (int r = 0; r < k; ++r) mag += std::fabs(a[r] * wf[r * n + i]);

@@ -1,0 +1,147 @@
+// Every weight type of llama.cpp's files against llama.cpp's own outputs on the same files
+// (../shared/models/kquants/, made by llama-quantize; its README has the perplexities): prompt
+// ids, greedy tokens, first-position logits and perplexity of each stories-wide.TYPE.gguf.
+//
+// Why the quantized files are not compared more tightly: llama.cpp computes attention with its
+// default F16 KV cache (K, V, Q and the softmax weights rounded to half), Thermocline in F32, and
+// both quantize every matrix's activations to 8 bits. That quantization is a step function: the
+// 1e-3 relative differences of F16 attention move some activations across a rounding step, which
+// perturbs the next layers, which moves more. Two correct implementations therefore differ by
+// about as much as the activation quantization itself changes the logits: llama.cpp's own Q8_0
+// logits differ from its F32 ones by up to 0.40, ours from llama.cpp's Q8_0 by up to 0.36, on
+// weights that are byte for byte the same (quantize_test.cc). Rounding attention to F16 as
+// llama.cpp does (an experiment, not in the engine) makes the Q8_0 and Q4_0 greedy tokens match
+// on all 4 x 48 positions. So greedy tokens must match until a near-tie, logits within the noise.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "engine/gguf/gguf.h"
+#include "engine/model/session.h"
+#include "engine/runtime/perplexity.h"
+#include "kquants_fixtures.h"
+#include "model_fixtures.h"
+
+namespace thermocline {
+namespace {
+
+using testing::CachedModel;
+using testing::GreedyIds;
+using testing::LoadReference;
+using testing::TestModelPath;
+
+const std::map<std::string, double>& kLlamaCppPerplexity = testing::LlamaCppStoriesWidePerplexity();
+
+double Perplexity(const LlamaModel& model, ThreadPool& pool) {
+  SessionOptions so;
+  so.n_ctx = 128;
+  so.max_batch = 128;
+  auto session = Session::Create(model, &pool, so);
+  REQUIRE(session.ok());
+  auto r = ComputePerplexity(
+      **session, testing::ReadTextFile(TestModelPath("stories260K.ppl-sample.txt")), 128);
+  REQUIRE(r.ok());
+  return r->ppl;
+}
+
+// Where two correct implementations may pick different tokens: our logit of our token exceeds
+// ours of llama.cpp's by less than this (measured up to 0.23 where they part); a decoding error
+// moves logits by whole units (Q4_0's weights alone move them by up to 3.6 from F32).
+constexpr double kNearTie = 0.4;
+// First-position logits: measured differences up to 0.57 (Q3_K_S), see the top of the file.
+constexpr double kLogitTolerance = 0.8;
+// Perplexity: over 252 scored tokens the realization of the activation noise moves it by up to
+// 0.9% (Q2_K; our own float-equivalent variants, e.g. scalar vs AVX-512 sums, spread by up to
+// 0.6%), so each file within 1.25%; a systematic error would shift all files, so their mean
+// deviation must stay within the 0.5%.
+constexpr double kPerplexityTolerance = 0.0125;
+constexpr double kMeanPerplexityTolerance = 0.005;
+
+TEST_CASE("stories-wide in every llama.cpp type matches llama.cpp", "[kquants][model]") {
+  if (!std::filesystem::exists(TestModelPath("kquants/stories-wide.f32.gguf"))) {
+    THERMOCLINE_SKIP("kquants/ test models not found");
+  }
+  ThreadPool pool(2);
+  double sum_deviation = 0;
+  for (const auto& [type, llama_ppl] : kLlamaCppPerplexity) {
+    const std::string file = "kquants/stories-wide." + type + ".gguf";
+    const LlamaModel& model = CachedModel(TestModelPath(file));
+    const nlohmann::json ref = LoadReference("kquants/stories-wide." + type + ".llama-cpp.json");
+    auto session = Session::Create(model, &pool);
+    REQUIRE(session.ok());
+    const int64_t n_vocab = model.hparams().n_vocab;
+    int all48 = 0, matched = 0;
+    double max_err = 0;
+    for (const nlohmann::json& p : ref["prompts"]) {
+      INFO(file << " prompt '" << p["prompt"].get<std::string>() << "'");
+      const std::vector<int32_t> ids =
+          model.tokenizer().Encode(p["prompt"].get<std::string>(), true);
+      CHECK(ids == p["prompt_ids"].get<std::vector<int32_t>>());
+      REQUIRE((*session)->Eval(ids).ok());
+      const std::vector<float> first = p["first_logits"];
+      REQUIRE(static_cast<int64_t>(first.size()) == n_vocab);
+      for (int64_t i = 0; i < n_vocab; ++i) {
+        max_err = std::max(max_err, std::fabs(double{(*session)->logits()[i]} - first[i]));
+      }
+      // Greedy: equal to llama.cpp's until the first disagreement, which must be a near-tie.
+      const std::vector<int32_t> want = p["greedy_ids"];
+      size_t same = 0;
+      for (; same < want.size(); ++same) {
+        const float* l = (*session)->logits();
+        const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+        if (next != want[same]) {
+          INFO("position " << same << ": " << next << " vs llama.cpp's " << want[same]);
+          CHECK(l[next] - l[want[same]] < kNearTie);
+          break;
+        }
+        REQUIRE((*session)->Eval({&next, 1}).ok());
+      }
+      matched += static_cast<int>(same);
+      all48 += same == want.size();
+      (*session)->Reset();
+    }
+    const double ppl = Perplexity(model, pool);
+    const double deviation = ppl / llama_ppl - 1;
+    sum_deviation += std::fabs(deviation);
+    INFO(type << ": greedy equal on " << matched << " of 192 positions (all 48 on " << all48
+              << " prompts), max logit error " << max_err << ", ppl " << ppl << " vs llama.cpp's "
+              << llama_ppl << " (" << 100 * deviation << "%)");
+    CHECK(max_err < (type == "f32" ? 0.02 : kLogitTolerance));  // f32: F16 attention alone
+    CHECK(std::fabs(deviation) < (type == "f32" ? 0.001 : kPerplexityTolerance));
+    if (type == "f32") CHECK(all48 == 4);
+  }
+  CHECK(sum_deviation / kLlamaCppPerplexity.size() < kMeanPerplexityTolerance);
+}
+
+// A type without kernels (IQ2_XXS here) stays a clear error naming the tensor and the type.
+TEST_CASE("a weight type without kernels is refused by name", "[kquants][model]") {
+  const std::string path = TestModelPath("kquants/stories-wide.q4_k_m.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("kquants/ test models not found");
+  auto in = GgufFile::Open(path);
+  REQUIRE(in.ok());
+  GgufWriter w;
+  for (const GgufKeyValue& kv : (*in)->metadata()) w.Set(kv.key, kv.value);
+  for (const GgufTensorInfo& t : (*in)->tensors()) {
+    if (t.name == "blk.1.ffn_up.weight") {
+      const int64_t rows = t.dims[1], blocks = t.dims[0] / 256;
+      REQUIRE(w.AddTensorCopy(t.name, GgmlType::kIQ2_XXS, t.dims,
+                              std::vector<uint8_t>(rows * blocks * 66, 0))
+                  .ok());
+    } else {
+      REQUIRE(w.AddTensor(t.name, t.type, t.dims, t.data, t.size_bytes).ok());
+    }
+  }
+  const std::string out = (testing::TempDir() / "iq2.gguf").string();
+  REQUIRE(w.Write(out).ok());
+  auto model = LlamaModel::Load(out);
+  REQUIRE(!model.ok());
+  CHECK(model.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_THAT(std::string(model.status().message()), Catch::Contains("blk.1.ffn_up.weight"));
+  CHECK_THAT(std::string(model.status().message()), Catch::Contains("iq2_xxs"));
+  CHECK_THAT(std::string(model.status().message()), Catch::Contains("q4_K"));  // what works
+}
+
+}  // namespace
+}  // namespace thermocline
