@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/gpu/device_memory.h"
 #include "engine/model/cpu_ops.h"
 #include "engine/ops/matmul.h"
 #include "engine/sparse/sparse_ops.h"
@@ -46,6 +47,8 @@ class CpuLayers : public gpu::GpuLayers {
         reservation_(spec.budget, spec.memory_cap) {
     k_.assign(h_.n_layer * spec.n_ctx * h_.kv_dim(), 0.0f);
     v_.assign(k_.size(), 0.0f);
+    scratch_.Reserve(std::max<int64_t>(spec.max_batch, 1),
+                     std::max({h_.n_embd, h_.n_ff, h_.q_dim()}));
     n_gpu_layers_ = std::count(spec.layers.begin(), spec.layers.end(), 1);
     output_ = spec.output;
   }
@@ -196,20 +199,9 @@ class CpuFfnExecutor : public gpu::GpuFfnExecutor {
     partial_.resize(spec.n_embd);
   }
 
+  // What the CUDA executor allocates for this spec (device_memory.h), reserved as one block.
   absl::Status Init() {
-    for (size_t l = 0; l < spec_.layers.size(); ++l) {
-      const gpu::GpuFfnLayerSpec& s = spec_.layers[l];
-      const uint64_t n = s.device_neurons.size();
-      if (n == 0) continue;
-      for (const WeightView* w : {&s.gate, &s.up, &s.down_t}) {
-        if (absl::Status r = reservation_.Reserve(n * RowBytes(w->type, w->cols),
-                                                  absl::StrCat("layer ", l, " device rows"));
-            !r.ok()) {
-          return r;
-        }
-      }
-    }
-    return absl::OkStatus();
+    return reservation_.Reserve(gpu::ComputeGpuFfnMemory(spec_), "the stand-in's FFN part");
   }
 
   absl::Status Launch(int layer, const float* xn, const int32_t* active,

@@ -152,7 +152,10 @@ absl::StatusOr<ModelJobResult> RunModelJob(const ModelJobSpec& spec, ModelJobObs
   // solve
   if (absl::Status s = run.Enter(kSolve); !s.ok()) return s;
   offline::ProblemOptions po;
-  po.budget_bytes = spec.hardware.gpu_memory_bytes;
+  po.budget_bytes =
+      spec.gpu_memory > 0 ? static_cast<double>(spec.gpu_memory) : spec.hardware.gpu_memory_bytes;
+  po.context = spec.context;
+  po.max_batch = spec.max_batch;
   offline::SolveOptions so;
   so.time_limit_s = spec.solve_time_limit_s;
   auto placed = offline::SolvePlacementFor(**model, *sidecar, spec.hardware, po, so);

@@ -25,6 +25,11 @@ struct ModelJobSpec {
   int64_t profile_tokens = 4096;
   std::string dir;  // the job directory (created when missing)
   offline::HardwareProfile hardware;
+  // The cap the placement is solved for: the model's gpu_memory when it has one, else the
+  // hardware profile's GPU memory (0).
+  uint64_t gpu_memory = 0;
+  int64_t context = 0;     // KV cache length the placement budgets (0: the model's)
+  int64_t max_batch = 64;  // the sessions' prefill chunk (the GPU layers' scratch)
   double solve_time_limit_s = 10;
   int threads = 1;
   int stage_delay_ms = 0;  // debug: sleep after each finished stage

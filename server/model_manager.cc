@@ -332,7 +332,8 @@ absl::Status ModelManager::Delete(std::string_view name) {
       return NotFound("model_not_found",
                       absl::StrCat("no registered model named '", ToAbsl(name), "'"));
     }
-    e->record.state = ModelState::kUnloading;  // durable first: a crash now finishes the delete at start
+    e->record.state =
+        ModelState::kUnloading;  // durable first: a crash now finishes the delete at start
     if (absl::Status s = PersistLocked(*e); !s.ok()) return s;
     running = e->running;
     if (e->cancel) e->cancel->store(true);
@@ -370,8 +371,9 @@ absl::Status ModelManager::Cancel(std::string_view name) {
     BumpLocked(*e);
     return absl::OkStatus();
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "model '", ToAbsl(name), "' has no running or queued job (state ", ModelStateName(e->record.state), ")"));
+  return absl::FailedPreconditionError(absl::StrCat("model '", ToAbsl(name),
+                                                    "' has no running or queued job (state ",
+                                                    ModelStateName(e->record.state), ")"));
 }
 
 absl::StatusOr<ModelInfo> ModelManager::WaitForChange(std::string_view name, int64_t after_version,
@@ -433,7 +435,13 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     spec.activation = e->record.activation;
     spec.corpus = e->record.corpus;
     spec.profile_tokens = e->record.profile_tokens;
+    // Solved for the cap it will run under.
+    const ModelConfig served = ServedConfig(e->record, config_);
+    int64_t ignored = 0;
+    if (!ApplyGpuConfig(served, &spec.gpu_memory, &ignored).ok()) spec.gpu_memory = 0;
+    spec.context = served.n_ctx;
   }
+  spec.max_batch = config_.max_batch;
   spec.dir = JobDir(name);
   spec.solve_time_limit_s = config_.solve_time_limit_s;
   spec.threads = config_.threads_per_slot;

@@ -8,9 +8,9 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "engine/ops/kernels.h"
 #include "bench/model_bench.h"
 #include "bench/sparse_read_floor.h"
+#include "engine/ops/kernels.h"
 #include "nlohmann/json.hpp"
 #include "offline/solver/hardware.h"
 #include "tools/commands.h"
@@ -171,8 +171,8 @@ int RunBench(int argc, char** argv) {
       Args::Parse(argc, argv,
                   {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions",
                    "--activation", "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile",
-                   "--output", "--gpu-memory", "--gpu-layers"},
-                  {"--json", "--help", "--oracle", "--hardware", "--gpu-compare"},
+                   "--output", "--gpu-memory", "--gpu-layers", "--hardware-profile"},
+                  {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in"},
                   {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
   if (args->Has("--help")) {
@@ -184,7 +184,11 @@ int RunBench(int argc, char** argv) {
     std::puts(
         "  --gpu-compare            decode tokens/s of (a) the hybrid sparse placement of\n"
         "                           --sidecar, (b) dense with --gpu-layers (default auto) whole\n"
-        "                           layers on the GPU, (c) all on the CPU, under --gpu-memory\n"
+        "                           layers on the GPU, (c) all on the CPU, under --gpu-memory;\n"
+        "                           (a) and (b) must give (c)'s greedy tokens; then the\n"
+        "                           placement's modelled time per layer beside what (a) measured\n"
+        "                           (--hardware-profile FILE.toml: the machine it was solved for;\n"
+        "                           --stand-in: on the CPU stand-in device, to check the tool)\n"
         "       thermocline bench --hardware [--gpu-profile FILE.toml] [-o FILE.toml] "
         "[--threads N]\n  measures this machine's CPU read bandwidth and writes the "
         "hardware profile `solve --hardware` reads");

@@ -13,25 +13,37 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/cpu_device.h"
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_layers.h"
 #include "engine/runtime/engine.h"
 #include "nlohmann/json.hpp"
+#include "offline/sidecar/sidecar.h"
+#include "offline/solver/hardware.h"
+#include "offline/solver/placement.h"
 #include "tools/commands.h"
 
 namespace thermocline::cli {
 namespace {
+
+// Measured per layer on the hybrid row: the host's part and the waits for the device's.
+struct LayerMeasured {
+  double host_s = 0, wait_s = 0;  // per token
+};
 
 struct Row {
   std::string name;
   double tokens_per_s = 0;
   uint64_t gpu_bytes = 0;
   std::string note;
+  std::vector<int32_t> tokens;  // the greedy tokens of the first run
+  std::vector<LayerMeasured> layers;
 };
 
-// Median decode tokens/s over `reps` runs: a prompt, then `gen` greedy single-token steps.
+// Median decode tokens/s over `reps` runs: a prompt, then `gen` greedy single-token steps; the
+// first run's tokens into *tokens.
 absl::StatusOr<double> DecodeTokensPerS(Session& session, int64_t prompt_tokens, int64_t gen,
-                                        int reps) {
+                                        int reps, std::vector<int32_t>* tokens = nullptr) {
   const int64_t n_vocab = session.model().hparams().n_vocab;
   std::vector<int32_t> prompt(std::max<int64_t>(prompt_tokens, 1));
   for (size_t i = 0; i < prompt.size(); ++i) {
@@ -45,6 +57,7 @@ absl::StatusOr<double> DecodeTokensPerS(Session& session, int64_t prompt_tokens,
     for (int64_t t = 0; t < gen; ++t) {
       const float* l = session.logits();
       const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+      if (r == 0 && tokens != nullptr) tokens->push_back(next);
       if (absl::Status s = session.Eval({&next, 1}); !s.ok()) return s;
     }
     runs.push_back(gen /
@@ -63,15 +76,27 @@ absl::StatusOr<Row> Measure(const std::string& name, const LlamaModel& model, Th
   if (!engine.ok()) return engine.status();
   absl::StatusOr<std::unique_ptr<EngineSession>> session = (*engine)->NewSession(&pool);
   if (!session.ok()) return session.status();
-  absl::StatusOr<double> tps = DecodeTokensPerS((*session)->session(), pt, gt, reps);
-  if (!tps.ok()) return tps.status();
   Row row;
+  if (SparseFfn* sparse = (*session)->sparse(); sparse != nullptr) sparse->ResetStats();
+  absl::StatusOr<double> tps = DecodeTokensPerS((*session)->session(), pt, gt, reps, &row.tokens);
+  if (!tps.ok()) return tps.status();
   row.name = name;
   row.tokens_per_s = *tps;
   row.gpu_bytes = (*session)->device_bytes();
   row.note = DescribePlacement((*session)->placement());
   if (const SparseFfn* sparse = (*session)->sparse(); sparse != nullptr) {
     const SparseFfnStats& st = sparse->stats();
+    const gpu::GpuLayers* layers = (*session)->gpu_layers();
+    for (size_t l = 0; l < st.layer_calls.size(); ++l) {
+      LayerMeasured m;
+      const double calls = std::max<int64_t>(1, st.layer_calls[l]);
+      m.host_s = st.layer_host_s[l] / calls;
+      m.wait_s = st.layer_wait_s[l] / calls;
+      if (layers != nullptr && l < layers->resident_wait_seconds().size()) {
+        m.wait_s += layers->resident_wait_seconds()[l] / calls;
+      }
+      row.layers.push_back(m);
+    }
     const double active =
         st.layer_tokens ? st.predicted / st.layer_tokens / model.hparams().n_ff : 0;
     absl::StrAppend(&row.note, ", ", static_cast<int>(100 * active + 0.5),
@@ -106,7 +131,12 @@ int RunBenchGpuCompare(const Args& args) {
   auto threads = ThreadsFromArgs(args);
   if (!threads.ok()) return Fail("bench", threads.status(), true);
   if (absl::Status s = CheckModelArgs(args); !s.ok()) return Fail("bench", s, true);
-  if (absl::StatusOr<gpu::DeviceInfo> d = gpu::Probe(); !d.ok()) {
+  // --stand-in: the CPU stand-in device (bench/cpu_device.h) instead of CUDA, to check the
+  // comparison itself (tokens, placement, the modelled table) on a machine without a GPU; its
+  // speeds mean nothing.
+  const bool stand_in = args.Has("--stand-in");
+  static const CpuStandInDevice stand_in_device;
+  if (absl::StatusOr<gpu::DeviceInfo> d = gpu::Probe(); !d.ok() && !stand_in) {
     return Fail("bench", absl::UnavailableError(
                              absl::StrCat(compare ? "--gpu-compare" : "--gpu-layers",
                                           " needs a CUDA device: ", d.status().message())));
@@ -115,6 +145,7 @@ int RunBenchGpuCompare(const Args& args) {
   if (!model.ok()) return Fail("bench", model.status());
   ThreadPool pool(*threads);
   EngineOptions base;
+  if (stand_in) base.device = &stand_in_device;
   base.n_ctx = *pt + *gt + 1;
   base.max_batch = std::min<int64_t>(*pt, 64);
   const int r = static_cast<int>(*reps);
@@ -128,8 +159,8 @@ int RunBenchGpuCompare(const Args& args) {
     }
     EngineOptions hybrid = base;
     hybrid.gpu_memory = static_cast<uint64_t>(*cap_arg);
-    auto a = Measure("(a) hybrid sparse, solved placement", **model, pool, *std::move(plan),
-                     hybrid, *pt, *gt, r);
+    auto a = Measure("(a) hybrid sparse, solved placement", **model, pool, *std::move(plan), hybrid,
+                     *pt, *gt, r);
     if (!a.ok()) return Fail("bench", a.status());
     rows.push_back(*a);
   }
@@ -140,12 +171,60 @@ int RunBenchGpuCompare(const Args& args) {
                    *pt, *gt, r);
   if (!b.ok()) return Fail("bench", b.status());
   rows.push_back(*b);
-  auto c = Measure("(c) dense, all on the CPU", **model, pool, std::nullopt, base, *pt, *gt, r);
+  EngineOptions cpu_only = base;
+  cpu_only.device = nullptr;
+  auto c = Measure("(c) dense, all on the CPU", **model, pool, std::nullopt, cpu_only, *pt, *gt, r);
   if (!c.ok()) return Fail("bench", c.status());
   rows.push_back(*c);
 
+  // Speed means nothing if the placement computes another model: (a) and (b) must give (c)'s
+  // greedy tokens (the same operators summed in another order: a near-tie may flip, which the
+  // message shows).
+  for (size_t r = 0; r + 1 < rows.size(); ++r) {
+    const std::vector<int32_t>& want = rows.back().tokens;
+    const std::vector<int32_t>& got = rows[r].tokens;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (i >= got.size() || got[i] != want[i]) {
+        return Fail("bench",
+                    absl::InternalError(absl::StrCat(
+                        rows[r].name, " decodes token ", i, " as ", i < got.size() ? got[i] : -1,
+                        " where the CPU gives ", want[i], ": not reporting its speed")));
+      }
+    }
+  }
   const LlamaHparams& h = (*model)->hparams();
   const double weights = static_cast<double>((*model)->weight_bytes());
+  // The placement's model of this machine next to what (a) measured.
+  std::vector<offline::ModelledLayer> modelled;
+  double modelled_tps = 0;
+  if (compare) {
+    absl::StatusOr<offline::Sidecar> sidecar =
+        offline::LoadSidecarFor(*args.Get("--sidecar"), **model);
+    offline::HardwareProfile hw;
+    if (auto path = args.Get("--hardware-profile")) {
+      absl::StatusOr<offline::HardwareProfile> read = offline::ReadHardwareProfile(*path);
+      if (!read.ok()) return Fail("bench", read.status());
+      hw = *read;
+    }
+    offline::MeasureCpuIfMissing(hw, pool);
+    if (sidecar.ok()) {
+      offline::ProblemOptions po;
+      po.budget_bytes = static_cast<double>(*cap_arg);
+      po.context = base.n_ctx;
+      po.max_batch = base.max_batch;
+      absl::StatusOr<offline::PlacementProblem> problem =
+          offline::BuildPlacementProblem(**model, *sidecar, hw, po);
+      if (problem.ok()) {
+        double output_s = 0;
+        modelled = offline::ModelledLayerTimes(*problem, *sidecar, &output_s);
+        double token_s = output_s;
+        for (const offline::ModelledLayer& m : modelled) {
+          token_s += m.attention_s + std::max(m.gpu_ffn_s, m.cpu_ffn_s) + m.sync_s;
+        }
+        modelled_tps = token_s > 0 ? 1.0 / token_s : 0;
+      }
+    }
+  }
   if (args.Has("--json")) {
     nlohmann::json out = {{"model", *args.Get("--model")},
                           {"n_layer", h.n_layer},
@@ -160,7 +239,24 @@ int RunBenchGpuCompare(const Args& args) {
                              {"gpu_bytes", r.gpu_bytes},
                              {"note", r.note}});
     }
-    if (compare) out["hybrid_vs_ngl"] = rows[0].tokens_per_s / rows[1].tokens_per_s;
+    if (compare) {
+      out["hybrid_vs_ngl"] = rows[0].tokens_per_s / rows[1].tokens_per_s;
+      out["modelled_tokens_per_s"] = modelled_tps;
+      for (size_t l = 0; l < modelled.size(); ++l) {
+        const offline::ModelledLayer& m = modelled[l];
+        nlohmann::json j = {{"layer", l},
+                            {"attention_gpu", m.attention_gpu},
+                            {"gpu_neurons", m.gpu_neurons},
+                            {"modelled_gpu_ffn_s", m.gpu_ffn_s},
+                            {"modelled_cpu_ffn_s", m.cpu_ffn_s},
+                            {"modelled_sync_s", m.sync_s}};
+        if (l < rows[0].layers.size()) {
+          j["measured_host_s"] = rows[0].layers[l].host_s;
+          j["measured_wait_s"] = rows[0].layers[l].wait_s;
+        }
+        out["layers"].push_back(j);
+      }
+    }
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -182,7 +278,24 @@ int RunBenchGpuCompare(const Args& args) {
                 r.tokens_per_s / cpu, r.gpu_bytes / 1048576.0, r.note.c_str());
   }
   if (compare) {
-    std::printf("(a)/(b) = %.2fx (target >= 3x)\n", rows[0].tokens_per_s / rows[1].tokens_per_s);
+    std::printf("(a)/(b) = %.2fx (target >= 3x); (a) and (b) gave (c)'s %zu greedy tokens\n",
+                rows[0].tokens_per_s / rows[1].tokens_per_s, rows.back().tokens.size());
+    std::printf("(a) modelled by the placement: %.2f tokens/s, measured %.2f (%.2fx)\n",
+                modelled_tps, rows[0].tokens_per_s,
+                modelled_tps > 0 ? rows[0].tokens_per_s / modelled_tps : 0.0);
+    std::printf("%5s %4s %8s | %12s %12s %10s | %12s %12s\n", "layer", "attn", "gpu neur",
+                "model GPU us", "model CPU us", "sync us", "host us", "wait us");
+    for (size_t l = 0; l < modelled.size(); ++l) {
+      const offline::ModelledLayer& m = modelled[l];
+      const LayerMeasured got = l < rows[0].layers.size() ? rows[0].layers[l] : LayerMeasured{};
+      std::printf("%5zu %4s %8lld | %12.1f %12.1f %10.1f | %12.1f %12.1f\n", l,
+                  m.attention_gpu ? "gpu" : "cpu", static_cast<long long>(m.gpu_neurons),
+                  1e6 * m.gpu_ffn_s, 1e6 * m.cpu_ffn_s, 1e6 * m.sync_s, 1e6 * got.host_s,
+                  1e6 * got.wait_s);
+    }
+    std::printf(
+        "(host: the CPU's part of the layer's FFN; wait: the host blocked on the device "
+        "after it)\n");
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 // ScratchOf / ComputeGpuLayersMemory, so Forward never allocates. Tokens of a batch go through
 // the mat-vec kernels one at a time (prefill correctness first; no cuBLAS here).
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -55,6 +56,7 @@ class CudaGpuLayers : public GpuLayers {
   absl::Status Forward(int64_t first, int64_t last, float* x, int64_t n, int64_t pos,
                        const float* cos_sin, float* logits, bool all_rows) override;
   uint64_t device_bytes() const override { return arena_.bytes(); }
+  const std::vector<double>& resident_wait_seconds() const override { return waits_; }
 
  private:
   // The activations a mat-vec of m reads: x itself, or x quantized to Q8_0 into xq_ (launched
@@ -103,7 +105,8 @@ class CudaGpuLayers : public GpuLayers {
   float *h_in_ = nullptr, *h_xn_ = nullptr, *h_out_ = nullptr, *h_logits_ = nullptr;
   cudaStream_t stream_ = nullptr;  // the session's (spec.queue), or the layers' own
   bool own_stream_ = false;
-  cudaEvent_t staged_ = nullptr;   // h_in_'s upload has been read: it may be written again
+  cudaEvent_t staged_ = nullptr;  // h_in_'s upload has been read: it may be written again
+  std::vector<double> waits_;     // (n_layer) resident_wait_seconds
 };
 
 absl::Status CudaGpuLayers::Init() {
@@ -115,6 +118,7 @@ absl::Status CudaGpuLayers::Init() {
     own_stream_ = true;
   }
   arena_.set_stream(stream_);  // uploads ordered before the kernels that read them
+  if (spec_.device_ffn != nullptr) waits_.assign(h_.n_layer, 0.0);
   TC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming),
                           "cudaEventCreate");
   const LlamaModel& m = *spec_.model;
@@ -261,10 +265,12 @@ absl::Status CudaGpuLayers::ResidentFfn(int layer, const DevLayer& L) {
   cuda::RmsNorm(d_x_, L.ffn_norm, d, h_.rms_eps, d_xn_, stream_);
   GpuFfnExecutor& device = *spec_.device_ffn;
   TC_RETURN_IF_ERROR(device.EnqueueResident(layer, d_xn_, d_x_));
+  const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<HostPart> host = device.WaitHostPart();
   if (!host.ok()) return host.status();
-  TC_RETURN_IF_ERROR(spec_.host_ffn->ForwardListed(layer, host->xn, host->active, host->n_active,
-                                                   host->partial));
+  waits_[layer] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  TC_RETURN_IF_ERROR(
+      spec_.host_ffn->ForwardListed(layer, host->xn, host->active, host->n_active, host->partial));
   return device.EnqueueAddHostPart(d_x_);
 }
 

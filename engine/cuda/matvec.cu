@@ -7,6 +7,7 @@
 
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/dequant.cuh"
+#include "engine/gpu/axpy_splits.h"
 
 namespace thermocline::cuda {
 namespace {
@@ -238,11 +239,7 @@ void MatVec(const DevMatrix& w, const void* x, const int32_t* rows, const int32_
   });
 }
 
-int AxpySplits(int64_t max_active) {
-  // Enough slices to fill a large GPU when n_embd is small, each at least 64 rows long.
-  const int64_t splits = (max_active + 63) / 64;
-  return static_cast<int>(splits < 1 ? 1 : (splits > 32 ? 32 : splits));
-}
+int AxpySplits(int64_t max_active) { return gpu::AxpyPartialSplits(max_active); }
 
 void SparseAxpy(const DevMatrix& w_t, const int32_t* rows, const float* act, const int32_t* count,
                 int64_t max_active, float* partial, float* out, cudaStream_t s) {

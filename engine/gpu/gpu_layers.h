@@ -82,12 +82,18 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
 class GpuLayers : public LayerBackend {
  public:
   virtual uint64_t device_bytes() const = 0;
+  // Per layer (n_layer), seconds the host waited for a resident hybrid layer's device half
+  // (predictor and the copy down) since creation; empty when no layer runs resident.
+  virtual const std::vector<double>& resident_wait_seconds() const { return no_waits_; }
   int64_t n_gpu_layers() const { return n_gpu_layers_; }
   bool output_on_gpu() const { return output_; }
 
  protected:
   int64_t n_gpu_layers_ = 0;
   bool output_ = false;
+
+ private:
+  std::vector<double> no_waits_;
 };
 absl::StatusOr<std::unique_ptr<GpuLayers>> CreateGpuLayers(const GpuLayersSpec& spec);
 

@@ -36,6 +36,13 @@ OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t
   return w;
 }
 
+GgmlType DownTType(const WeightView& down) {
+  const WeightTypeRow* row = FindWeightType(down.type);
+  GgmlType type = row != nullptr ? row->down_t : GgmlType::kF32;
+  if (down.rows % TypeInfo(type).block_size != 0) type = GgmlType::kF32;
+  return type;
+}
+
 absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
                                             const int32_t* order) {
   const WeightTypeRow* row = FindWeightType(down.type);
@@ -47,8 +54,7 @@ absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& 
   const int64_t rows = down.rows, cols = down.cols;  // down: (n_embd, n_ff)
   // The table's down_t type: the same for float, Q8_0 and Q4_0 weights, Q8_0 for the others
   // (type_table.cc says why); F32 when its blocks do not divide the rows.
-  GgmlType type = row->down_t;
-  if (rows % TypeInfo(type).block_size != 0) type = GgmlType::kF32;
+  const GgmlType type = DownTType(down);
   const TypeKernels* dst = KernelsFor(type);
   std::vector<int32_t> row_of(cols);  // source column → its row of down_t
   for (int64_t k = 0; k < cols; ++k) {

@@ -35,6 +35,9 @@ struct OwnedWeight {
   static OwnedWeight Allocate(GgmlType type, int64_t rows, int64_t cols);
 };
 
+// The type TransposeWeight gives the transpose of `down` (the type table's down_t type, F32 when
+// its blocks do not divide down.rows).
+GgmlType DownTType(const WeightView& down);
 // down_t: (down.cols, down.rows) of the type table's down_t type for down's type (its own type
 // for float, Q8_0 and Q4_0 weights, Q8_0 for the others), or F32 when that type's block size
 // does not divide down.rows. Parallel over the pool. With `order` (a permutation

@@ -66,9 +66,9 @@ constexpr uint64_t kDeviceReserveBytes = uint64_t{512} << 20;
 // Where a model's parts run.
 struct EnginePlacement {
   bool gpu_requested = false;
-  std::string device;     // the device's name; "" when everything runs on the CPU
-  std::string note;       // why less than asked for runs on the device; "" otherwise
-  uint64_t gpu_cap = 0;   // device bytes the engine may use (0: none)
+  std::string device;      // the device's name; "" when everything runs on the CPU
+  std::string note;        // why less than asked for runs on the device; "" otherwise
+  uint64_t gpu_cap = 0;    // device bytes the engine may use (0: none)
   uint64_t gpu_bytes = 0;  // device bytes one session holds
   int64_t n_layer = 0;
   int64_t gpu_layers = 0;            // whole layers on the device (attention and dense FFN)
@@ -135,7 +135,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // The device plan (PlanDevice): whole layers, or the hybrid placement's layers and neurons.
   bool use_device_ = false;
   bool whole_layers_ = false;
-  gpu::GpuLayersSpec layers_spec_;  // .layers empty: none
+  gpu::GpuLayersSpec layers_spec_;             // .layers empty: none
   std::unique_ptr<gpu::MemoryBudget> budget_;  // sessions reserve their device parts in it
 
   mutable std::mutex mu_;  // guards the two below
@@ -156,6 +156,8 @@ class EngineSession {
   const SparseFfn* sparse() const { return sparse_.get(); }
   // Where this session's parts run.
   const EnginePlacement& placement() const { return placement_; }
+  // Its whole or hybrid layers on the device; null when none.
+  const gpu::GpuLayers* gpu_layers() const { return layers_.get(); }
   // Device bytes this session holds.
   uint64_t device_bytes() const;
   // The profiler's hook on the dense FFN of every CPU layer (nullptr to stop).

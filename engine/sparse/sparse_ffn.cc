@@ -215,7 +215,8 @@ absl::Status SparseFfn::StartGpu() {
 
 void SparseFfn::LoseGpu(const absl::Status& why) {
   gpu_status_ = absl::Status(why.code(), absl::StrCat("the device part failed and runs on the CPU "
-                                                      "from now on: ", why.message()));
+                                                      "from now on: ",
+                                                      why.message()));
   gpu_failed_ = true;  // the executor stays: GPU layers in resident mode may hold it
 }
 
@@ -267,6 +268,7 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
   }
   all_chunks_ = PlanChunks(/*after_device_part=*/false);
   host_chunks_ = PlanChunks(/*after_device_part=*/true);
+  ResetStats();
 }
 
 std::vector<SparseFfn::ChunkBounds> SparseFfn::PlanChunks(bool after_device_part) const {
@@ -317,6 +319,14 @@ std::vector<SparseFfn::ChunkBounds> SparseFfn::PlanChunks(bool after_device_part
 
 SparseFfn::~SparseFfn() = default;
 
+void SparseFfn::ResetStats() {
+  stats_ = {};
+  const size_t n = plan().size();
+  stats_.layer_host_s.assign(n, 0.0);
+  stats_.layer_wait_s.assign(n, 0.0);
+  stats_.layer_calls.assign(n, 0);
+}
+
 void SparseFfn::Forward(int layer, const float* x, const float* xn, int64_t n_tokens, float* out) {
   if (n_tokens > 1 && options_.dense_prefill && session_ != nullptr) {
     session_->DenseFfn(layer, x, xn, n_tokens, out);
@@ -344,9 +354,14 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
     ForwardTokenFused(layer, xn, out, all_chunks_, nullptr, 0);
     return;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   ForwardTokenFused(layer, xn, out, host_chunks_, nullptr, 0);
+  const auto t1 = std::chrono::steady_clock::now();
   int64_t predicted = 0, fired = 0;
   st = gpu_->Wait(device_out_.data(), &predicted, &fired);
+  stats_.layer_host_s[layer] += Seconds(t0, t1);
+  stats_.layer_wait_s[layer] += Seconds(t1, std::chrono::steady_clock::now());
+  stats_.layer_calls[layer] += 1;
   if (!st.ok()) {
     LoseGpu(st);
     ForwardTokenFused(layer, xn, out, all_chunks_, nullptr, 0);  // the whole layer again
@@ -360,14 +375,17 @@ void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
 absl::Status SparseFfn::ForwardListed(int layer, const float* xn, const int32_t* active,
                                       int64_t n_active, float* out) {
   if (layer < 0 || layer >= static_cast<int>(plan().size()) || n_active < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("sparse FFN: layer ", layer, ", ", n_active,
-                                                   " listed neurons"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse FFN: layer ", layer, ", ", n_active, " listed neurons"));
   }
   if (options_.oracle) {
     ForwardTokenOracle(layer, xn, out, /*host_only=*/true);  // the exact set of the host's slots
     return absl::OkStatus();
   }
+  const auto t0 = std::chrono::steady_clock::now();
   ForwardTokenFused(layer, xn, out, host_chunks_, active, n_active);
+  stats_.layer_host_s[layer] += Seconds(t0, std::chrono::steady_clock::now());
+  stats_.layer_calls[layer] += 1;
   return absl::OkStatus();
 }
 
@@ -513,8 +531,7 @@ void SparseFfn::ForwardTokenOracle(int layer, const float* xn, float* out, bool 
 
 void SparseFfn::RunPart(int layer, Executor& e, int64_t n) {
   const SparseWeights::Layer& y = weights_->layer(layer);
-  SparseAxpy(*e.pool, isa_, y.down_t.view, e.idx.data(), e.gate.data(), n, e.out.data(),
-             e.scratch);
+  SparseAxpy(*e.pool, isa_, y.down_t.view, e.idx.data(), e.gate.data(), n, e.out.data(), e.scratch);
 }
 
 double SparseFfn::NonFfnBytesPerToken() const {

@@ -31,9 +31,9 @@ namespace thermocline {
 // the profile's hottest neurons first, so that the rows that fire on most tokens are read as
 // one stream rather than scattered; the copies are on huge pages (engine/util/huge_pages.h),
 // where scattered rows cost no TLB miss each. Slot s holds neuron neuron_of[s]: active sets,
-// predictor logits and the device part are all in slot order, the device part's neurons first. Gate and up rows of a neuron
-// are interleaved when they share a type. Costs the RAM of gate, up and down once more (down_t is
-// needed anyway; the model's gate and up are then read by prefill only).
+// predictor logits and the device part are all in slot order, the device part's neurons first. Gate
+// and up rows of a neuron are interleaved when they share a type. Costs the RAM of gate, up and
+// down once more (down_t is needed anyway; the model's gate and up are then read by prefill only).
 class SparseWeights {
  public:
   struct Layer {
@@ -85,6 +85,10 @@ struct SparseFfnStats {
   double fired = 0;          // Σ neurons with a nonzero activation after thresholds
   double predictor_s = 0;    // time in predictors
   double total_s = 0;        // time in Forward
+  // Per layer, with a device part: seconds of the host's part and seconds waiting for the
+  // device's (Wait) after the host's was done; and the (token) calls they add up.
+  std::vector<double> layer_host_s, layer_wait_s;
+  std::vector<int64_t> layer_calls;
 };
 
 // Sees the rows the fused decode path (no device part, no oracle) reads, for benchmarks
@@ -129,7 +133,7 @@ class SparseFfn : public FfnBackend {
   void set_active_set_observer(ActiveSetObserver* observer) { observer_ = observer; }
 
   const SparseFfnStats& stats() const { return stats_; }
-  void ResetStats() { stats_ = {}; }
+  void ResetStats();
   const SparseFfnOptions& options() const { return options_; }
   // OK when the device part runs on the GPU; else why not (options.gpu unset, no device, a
   // failed launch).

@@ -50,8 +50,10 @@ absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p, const Solv
   if (!(p.budget_bytes >= min_budget)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "GPU memory budget %.0f bytes (%.2f MiB) is too small to place anything on the GPU; "
-        "the minimum useful budget is %.0f bytes (%.2f MiB)",
-        p.budget_bytes, p.budget_bytes / kMiB, std::ceil(min_budget), min_budget / kMiB));
+        "the minimum useful budget is %.0f bytes (%.2f MiB, with %.2f MiB of scratch)",
+        p.budget_bytes + p.scratch_bytes, (p.budget_bytes + p.scratch_bytes) / kMiB,
+        std::ceil(min_budget + p.scratch_bytes), (min_budget + p.scratch_bytes) / kMiB,
+        p.scratch_bytes / kMiB));
   }
   const bool time = options.objective == Objective::kTime;
   const double g = p.gpu_bytes_per_s, c = p.cpu_bytes_per_s;

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "engine/gpu/device_memory.h"
 
 namespace thermocline::offline {
 namespace {
@@ -111,6 +112,38 @@ double PlacementObjective(const PlacementProblem& p, const Placement& x, Objecti
   return PlacementFiringMass(p, x) + kFrequencyTieBreak * extra;
 }
 
+std::vector<ModelledLayer> ModelledLayerTimes(const PlacementProblem& p, const Sidecar& sidecar,
+                                              double* output_s) {
+  const double g = p.gpu_bytes_per_s, c = p.cpu_bytes_per_s;
+  std::vector<ModelledLayer> out(p.layers.size());
+  const double tokens = std::max<double>(1, static_cast<double>(sidecar.tokens));
+  for (size_t l = 0; l < p.layers.size() && l < sidecar.layers.size(); ++l) {
+    const LayerCosts& L = p.layers[l];
+    const SidecarLayer& y = sidecar.layers[l];
+    ModelledLayer& m = out[l];
+    m.attention_gpu = y.attention_gpu;
+    m.gpu_neurons = y.n_gpu;
+    const double precision = y.predictor.rank > 0 && y.precision > 0 ? y.precision : 1.0;
+    std::vector<uint8_t> on_gpu(L.n_ff, 0);
+    for (int64_t k = 0; k < y.n_gpu && k < static_cast<int64_t>(y.neuron_order.size()); ++k) {
+      on_gpu[y.neuron_order[k]] = 1;
+    }
+    double gpu_work = 0, cpu_work = 0;
+    for (int64_t i = 0; i < L.n_ff && i < static_cast<int64_t>(y.fire_count.size()); ++i) {
+      (on_gpu[i] ? gpu_work : cpu_work) += y.fire_count[i] / tokens / precision;
+    }
+    const bool ffn_gpu = y.n_gpu > 0;
+    m.gpu_ffn_s = (gpu_work * L.bytes_per_neuron + (ffn_gpu ? L.predictor_bytes : 0)) / g;
+    m.cpu_ffn_s = (cpu_work * L.bytes_per_neuron + (ffn_gpu ? 0 : L.predictor_bytes)) / c;
+    m.attention_s = (L.attn_bytes + L.kv_read_bytes) / (m.attention_gpu ? g : c);
+    m.sync_s = ffn_gpu || m.attention_gpu ? p.sync_s : 0;
+  }
+  if (output_s != nullptr) {
+    *output_s = p.output_bytes / (sidecar.placement.output_gpu ? g : c);
+  }
+  return out;
+}
+
 double MinimumUsefulBudget(const PlacementProblem& p) {
   double best = p.output_bytes > 0 ? p.output_bytes : INFINITY;
   for (size_t l = 0; l < p.layers.size(); ++l) {
@@ -141,27 +174,39 @@ absl::StatusOr<PlacementProblem> BuildPlacementProblem(const LlamaModel& model,
     return absl::InvalidArgumentError("the hardware profile has no CPU bandwidth");
   }
   PlacementProblem p;
-  p.budget_bytes = options.budget_bytes;
   p.gpu_bytes_per_s = hw.GpuBytesPerSecond();
   p.cpu_bytes_per_s = hw.CpuBytesPerSecond();
   // A hybrid layer ships x to the GPU and its partial sum back: two n_embd float vectors.
   p.sync_s = hw.sync_latency_us * 1e-6 + 2.0 * hp.n_embd * 4 / (hw.pcie_gbps * 1e9);
-  p.output_bytes = MatrixBytes(model.output());
   const int64_t context = options.context > 0 ? options.context : hp.n_ctx_train;
   p.context = context;
+  // Memory as the runtime allocates it (engine/gpu/device_memory.h): the hybrid layers' weights,
+  // norms and F32 KV cache, the output head, each layer's FFN device part, and the scratch of
+  // the layers and of the FFN executor, which come off the budget first.
+  const gpu::GpuLayersMemory mem =
+      gpu::ComputeHybridLayersMemory(model, context, std::max<int64_t>(options.max_batch, 1),
+                                     /*output=*/true);
+  int64_t max_rank = 0;
+  for (const SidecarLayer& sl : sidecar.layers) max_rank = std::max(max_rank, sl.predictor.rank);
+  const double scratch = static_cast<double>(
+      mem.scratch + gpu::FfnScratchBytes(hp.n_embd, hp.n_ff, hp.n_ff, max_rank));
+  p.scratch_bytes = scratch;
+  p.budget_bytes = std::max(0.0, options.budget_bytes - scratch);
+  p.output_bytes = static_cast<double>(mem.output);
   double max_bpn = 0;
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     const LayerWeights& w = model.layers()[l];
     const SidecarLayer& sl = sidecar.layers[l];
     LayerCosts L;
     L.n_ff = hp.n_ff;
-    L.bytes_per_neuron = static_cast<double>(w.ffn_gate.row_bytes + w.ffn_up.row_bytes) +
-                         ElementBytes(w.ffn_down.type, hp.n_embd);
+    const gpu::FfnLayerBytes ffn =
+        gpu::FfnLayerDeviceBytes(w, hp.n_embd, hp.n_ff, sl.predictor.rank, GgmlType::kF16);
+    L.bytes_per_neuron = ffn.per_neuron;
     max_bpn = std::max(max_bpn, L.bytes_per_neuron);
     L.attn_bytes = MatrixBytes(w.wq) + MatrixBytes(w.wk) + MatrixBytes(w.wv) + MatrixBytes(w.wo);
-    L.kv_bytes = 2.0 * context * hp.kv_dim() * 2;  // K and V, f16
-    L.kv_read_bytes = L.kv_bytes / 2;              // at half the context on average
-    L.predictor_bytes = sl.predictor.rank > 0 ? sl.predictor.StorageBytes() : 0;
+    L.kv_bytes = static_cast<double>(mem.layer[l]) - L.attn_bytes;  // KV (F32), norms, rounding
+    L.kv_read_bytes = 2.0 * (context / 2) * hp.kv_dim() * 4;        // K and V at half the context
+    L.predictor_bytes = ffn.fixed;  // the predictor and the neuron map, with the first neuron
     const double precision = sl.predictor.rank > 0 && sl.precision > 0 ? sl.precision : 1.0;
     std::vector<int32_t> order(hp.n_ff);
     std::iota(order.begin(), order.end(), 0);

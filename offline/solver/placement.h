@@ -23,10 +23,12 @@ struct LayerCosts {
   std::vector<std::vector<int32_t>> buckets;  // neuron ids, most frequent bucket first
   std::vector<double> bucket_freq;            // expected firings per token of each bucket
   std::vector<double> bucket_work;  // expected neurons computed per token (firings / precision)
-  double bytes_per_neuron = 0;      // gate row + up row + down column
-  double attn_bytes = 0;            // attention weights
-  double kv_bytes = 0;              // KV cache at the solved context (memory)
-  double kv_read_bytes = 0;         // KV read per token (time)
+  // Device bytes per GPU neuron (gate, up and down_t rows, table entries) and, once per layer
+  // that holds any, for its predictor and neuron map: engine/gpu/device_memory.h's bounds.
+  double bytes_per_neuron = 0;
+  double attn_bytes = 0;     // attention weights (memory and time)
+  double kv_bytes = 0;       // the rest of a hybrid layer's memory: its F32 KV cache and norms
+  double kv_read_bytes = 0;  // KV read per token (time)
   double predictor_bytes = 0;
   int64_t n_ff = 0;
   int64_t bucket_neurons(size_t b) const { return static_cast<int64_t>(buckets[b].size()); }
@@ -34,9 +36,10 @@ struct LayerCosts {
 
 struct PlacementProblem {
   std::vector<LayerCosts> layers;
-  double output_bytes = 0;  // output head weights
-  double budget_bytes = 0;
-  int64_t min_neurons = 0;  // a layer whose FFN uses the GPU holds at least this many there
+  double output_bytes = 0;   // output norm, head and logits
+  double budget_bytes = 0;   // the cap less scratch_bytes
+  double scratch_bytes = 0;  // the GPU layers' and the FFN executor's scratch
+  int64_t min_neurons = 0;   // a layer whose FFN uses the GPU holds at least this many there
   double gpu_bytes_per_s = 1;
   double cpu_bytes_per_s = 1;
   double sync_s = 0;    // per layer that uses the GPU
@@ -67,6 +70,20 @@ double TotalFiringMass(const PlacementProblem& p);
 double PlacementObjective(const PlacementProblem& p, const Placement& x, Objective o);
 constexpr double kFrequencyTieBreak = 1e-6;
 
+// One layer's modelled decode time under a placement (what PlacementSeconds adds up).
+struct ModelledLayer {
+  bool attention_gpu = false;
+  int64_t gpu_neurons = 0;
+  double attention_s = 0;
+  double gpu_ffn_s = 0;
+  double cpu_ffn_s = 0;
+  double sync_s = 0;  // when the layer uses the GPU
+};
+// The per-layer times of the placement a sidecar holds (its neuron tables and attention flags,
+// ApplyPlacement's), on the problem's costs; the output head's time in *output_s.
+std::vector<ModelledLayer> ModelledLayerTimes(const PlacementProblem& p, const Sidecar& sidecar,
+                                              double* output_s);
+
 // The smallest budget that can hold anything useful: one layer's attention and KV cache, one
 // layer's minimum neuron set and predictor, or the output head.
 double MinimumUsefulBudget(const PlacementProblem& p);
@@ -75,7 +92,8 @@ struct ProblemOptions {
   int64_t bucket_size = 64;
   int64_t min_neurons = -1;  // -1: derived from the hardware (a sync must pay for itself)
   int64_t context = 0;       // KV cache length; 0: the model's training context
-  double budget_bytes = 0;
+  int64_t max_batch = 64;    // the sessions' prefill chunk (the GPU layers' scratch)
+  double budget_bytes = 0;   // the whole cap (--gpu-memory); scratch is taken off it
 };
 
 absl::StatusOr<PlacementProblem> BuildPlacementProblem(const LlamaModel& model,

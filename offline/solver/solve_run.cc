@@ -37,8 +37,8 @@ void ApplyPlacement(const PlacementRun& run, Sidecar& s) {
   sp.present = true;
   sp.objective = ObjectiveName(run.objective);
   sp.hardware = run.hardware.name;
-  sp.gpu_budget_bytes = static_cast<uint64_t>(p.budget_bytes);
-  sp.gpu_bytes = static_cast<uint64_t>(PlacementGpuBytes(p, x));
+  sp.gpu_budget_bytes = static_cast<uint64_t>(p.budget_bytes + p.scratch_bytes);  // the cap
+  sp.gpu_bytes = static_cast<uint64_t>(PlacementGpuBytes(p, x) + p.scratch_bytes);
   sp.bucket_size = p.layers.empty() ? 0 : p.layers[0].bucket_neurons(0);
   sp.min_neurons = p.min_neurons;
   sp.context = p.context;

@@ -43,6 +43,9 @@ timeout 360 cmake --build "$BUILD" -j"$JOBS" --target thermocline_cuda_tests the
   >"$LOG/build.log" 2>&1 || { grep -E "error|Error" "$LOG/build.log" | head -30; fail "build"; }
 
 step "[cuda] and [gpu] tests"
+export THERMOCLINE_TEST_MODELS=${THERMOCLINE_TEST_MODELS:-$(cd .. && pwd)/shared/models}
+[ -f "$THERMOCLINE_TEST_MODELS/relu-tiny.f32.gguf" ] ||
+  fail "no test models in $THERMOCLINE_TEST_MODELS (set THERMOCLINE_TEST_MODELS)"
 set +e
 timeout 180 "$BUILD/tests/thermocline_cuda_tests" "[cuda],[gpu]" --durations yes >"$LOG/tests.log" 2>&1
 rc=$?
@@ -52,9 +55,11 @@ tail -40 "$LOG/tests.log"
 if grep -q "SKIPPED: no CUDA device" "$LOG/tests.log"; then
   fail "a [cuda] case found no CUDA device on a GPU machine"
 fi
+# On a GPU machine nothing may skip: a case that skipped for want of its test models checked
+# nothing (set THERMOCLINE_TEST_MODELS to the test models).
 if grep -q "SKIPPED:" "$LOG/tests.log"; then
-  echo "warning: skipped (set THERMOCLINE_TEST_MODELS to the test models):"
   grep "SKIPPED:" "$LOG/tests.log"
+  fail "[cuda]/[gpu] cases skipped (above); the GPU check needs every one to run"
 fi
 passed=$(grep -Eo "All tests passed \([0-9]+ assertions in [0-9]+ test cases\)" "$LOG/tests.log" || true)
 [ -n "$passed" ] || fail "no test summary in $LOG/tests.log"

@@ -15,8 +15,11 @@
 
 #include "bench/cpu_device.h"
 #include "engine/gpu/gpu_backend.h"
+#include "engine/model/quant_mix.h"
+#include "engine/model/quantize.h"
 #include "model_fixtures.h"
 #include "offline/pipeline.h"
+#include "offline/solver/hardware.h"
 #include "offline/sparse_source.h"
 
 namespace thermocline {
@@ -131,8 +134,8 @@ void Hybrid(const gpu::Device* device, const LlamaModel& model, const CpuStandIn
     const int64_t launches = stand_in ? stand_in->ffn_launches() : 0;
     const int64_t calls = stand_in ? stand_in->layer_calls() : 0;
     const int64_t residents = stand_in ? stand_in->resident_calls() : 0;
-    auto s = NewEngineSession(model, OraclePlan(model, c.attention, c.head, c.fraction, 5), pool,
-                              o);
+    auto s =
+        NewEngineSession(model, OraclePlan(model, c.attention, c.head, c.fraction, 5), pool, o);
     const EnginePlacement& p = s->placement();
     INFO(DescribePlacement(p));
     CHECK(p.note.empty());
@@ -233,47 +236,122 @@ SparsePlan ProfiledPlan(const LlamaModel& model, ThreadPool& pool, std::vector<u
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return p.fire_count[a] > p.fire_count[b]; });
-    p.device_neurons.assign(order.begin(), order.begin() + static_cast<int64_t>(
-                                                              fraction * order.size()));
+    p.device_neurons.assign(order.begin(),
+                            order.begin() + static_cast<int64_t>(fraction * order.size()));
   }
   plan->attention_gpu = std::move(attention);
   plan->output_gpu = true;
   return *std::move(plan);
 }
 
-TEST_CASE("front door, stand-in device: trained predictors split between device and host give "
-          "the CPU sparse path's tokens, at three caps",
-          "[gpu][sparse]") {
-  const std::string path = TestModelPath("relu-tiny.f32.gguf");
-  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
-  const std::string corpus = TestModelPath("tinystories-profile.txt");
-  if (!std::filesystem::exists(corpus)) THERMOCLINE_SKIP("tinystories-profile.txt not found");
-  const LlamaModel& model = CachedModel(path);
+// The profiled plan split between `device` and the host gives the CPU sparse path's greedy
+// tokens: attention and hot neurons, hot neurons alone, a cap too small for anything, and whole
+// dense layers on the device with the sparse FFN on the CPU layers.
+void TrainedPredictorsSplit(const gpu::Device* device, const CpuStandInDevice* stand_in,
+                            const LlamaModel& model) {
   const int64_t n = model.hparams().n_layer;
   ThreadPool pool(2);
   std::vector<uint8_t> every(n, 1), none(n, 0);
   auto cpu = NewEngineSession(model, ProfiledPlan(model, pool, every, 0.4), pool, Options(nullptr));
   REQUIRE(cpu->sparse() != nullptr);
   const std::vector<int32_t> want = testing::GreedyIds(cpu->session(), kPrompt, 24);
-  CpuStandInDevice device;
-  for (const auto& [what, attention, cap] :
-       {std::tuple{"attention and hot neurons", every, uint64_t{4} << 30},
-        std::tuple{"hot neurons only", none, uint64_t{4} << 30},
-        std::tuple{"a cap too small for anything", every, uint64_t{4096}}}) {
-    INFO(what);
-    EngineOptions o = Options(&device);
-    o.gpu_memory = cap;
-    const int64_t residents = device.resident_calls();
-    auto s = NewEngineSession(model, ProfiledPlan(model, pool, attention, 0.4), pool, o);
+  struct Case {
+    const char* what;
+    std::vector<uint8_t> attention;
+    uint64_t cap;
+    int64_t whole_layers;
+  };
+  for (const Case& c : {Case{"attention and hot neurons", every, uint64_t{4} << 30, kNoGpuLayers},
+                        Case{"hot neurons only", none, uint64_t{4} << 30, kNoGpuLayers},
+                        Case{"a cap too small for anything", every, 4096, kNoGpuLayers},
+                        Case{"whole layers, sparse CPU layers", every, 0, n / 2}}) {
+    INFO(c.what);
+    EngineOptions o = Options(device);
+    o.gpu_memory = c.cap;
+    o.gpu_layers = c.whole_layers;
+    const int64_t residents = stand_in ? stand_in->resident_calls() : 0;
+    auto s = NewEngineSession(model, ProfiledPlan(model, pool, c.attention, 0.4), pool, o);
     INFO(DescribePlacement(s->placement()));
     CHECK(testing::GreedyIds(s->session(), kPrompt, 24) == want);
-    if (cap > 4096) {
+    if (c.whole_layers != kNoGpuLayers) {
+      CHECK(s->placement().gpu_layers == c.whole_layers);
+      CHECK(s->sparse() != nullptr);  // the CPU layers stay sparse
+    } else if (c.cap > 4096) {
       CHECK(s->placement().gpu_neurons > 0);
-      CHECK((device.resident_calls() > residents) == (attention == every));
+      if (stand_in) CHECK((stand_in->resident_calls() > residents) == (c.attention == every));
     } else {
       CHECK(s->placement().gpu_neurons == 0);
     }
   }
+}
+
+TEST_CASE(
+    "front door, stand-in device: trained predictors split between device and host give "
+    "the CPU sparse path's tokens, at three caps and with whole layers",
+    "[gpu][sparse]") {
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  if (!std::filesystem::exists(TestModelPath("tinystories-profile.txt"))) {
+    THERMOCLINE_SKIP("tinystories-profile.txt not found");
+  }
+  CpuStandInDevice device;
+  TrainedPredictorsSplit(&device, &device, CachedModel(path));
+}
+
+TEST_CASE("a placement the solver fits under a cap fits under it when it runs", "[gpu][solver]") {
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  if (!std::filesystem::exists(TestModelPath("tinystories-profile.txt"))) {
+    THERMOCLINE_SKIP("tinystories-profile.txt not found");
+  }
+  const LlamaModel& model = CachedModel(path);
+  ThreadPool pool(2);
+  offline::PipelineOptions o;
+  o.run.corpus_path = TestModelPath("tinystories-profile.txt");
+  o.run.tokens = 2048;
+  o.profiler.max_samples = 2048;
+  auto profiled = offline::RunProfilePipeline(model, "relu-tiny.f32.gguf", pool, o, nullptr);
+  REQUIRE(profiled.ok());
+  offline::HardwareProfile hw;
+  hw.cpu_bandwidth_gbps = 20;  // a figure, not a measurement: the placement, not its speed
+  const EngineOptions eo = Options(nullptr);
+  // The whole model's weights, and shares of it small enough that the solver must choose.
+  const uint64_t weights = model.weight_bytes();
+  int solved = 0;
+  for (double share : {1.5, 0.6, 0.35}) {
+    const uint64_t cap = static_cast<uint64_t>(share * weights) + (uint64_t{2} << 20);
+    INFO("cap " << cap << " bytes (" << share << " of the weights)");
+    offline::ProblemOptions po;
+    po.budget_bytes = static_cast<double>(cap);
+    po.context = eo.n_ctx;
+    po.max_batch = eo.max_batch;
+    po.min_neurons = 64;
+    offline::SolveOptions so;
+    so.time_limit_s = 5;
+    auto run = offline::SolvePlacementFor(model, profiled->sidecar, hw, po, so);
+    if (!run.ok()) continue;  // too small to place anything
+    offline::Sidecar sidecar = profiled->sidecar;
+    offline::ApplyPlacement(*run, sidecar);
+    auto plan = offline::SparsePlanFromSidecar(sidecar, model);
+    REQUIRE(plan.ok());
+    int64_t want_neurons = 0;
+    for (const SparseLayerPlan& p : plan->layers) want_neurons += p.device_neurons.size();
+    const int64_t want_attention =
+        std::count(plan->attention_gpu.begin(), plan->attention_gpu.end(), 1);
+    CpuStandInDevice device;  // reserves exactly what CUDA would allocate
+    EngineOptions run_options = eo;
+    run_options.device = &device;
+    run_options.gpu_memory = cap;
+    auto s = NewEngineSession(model, *std::move(plan), pool, run_options);
+    INFO(DescribePlacement(s->placement()));
+    CHECK(s->placement().note.empty());
+    CHECK(s->placement().attention_gpu_layers == want_attention);
+    CHECK(s->placement().gpu_neurons == want_neurons);
+    CHECK(s->device_bytes() <= cap);
+    CHECK(s->device_bytes() <= sidecar.placement.gpu_bytes);  // the solver's account bounds it
+    ++solved;
+  }
+  CHECK(solved >= 2);
 }
 
 TEST_CASE("front door: sessions share one device budget", "[gpu]") {
@@ -308,7 +386,7 @@ TEST_CASE("front door: sessions share one device budget", "[gpu]") {
   CHECK((*c)->device_bytes() == one);
 }
 
-TEST_CASE("front door without a device: the CPU serves, and says why", "[gpu]") {
+TEST_CASE("front door without a device: the CPU serves, and says why", "[nodevice]") {
   if (gpu::DeviceAvailable()) THERMOCLINE_SKIP("a CUDA device is present: the [cuda] cases run");
   const std::string path = TestModelPath("relu-tiny.f32.gguf");
   if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
@@ -317,8 +395,8 @@ TEST_CASE("front door without a device: the CPU serves, and says why", "[gpu]") 
   auto cpu = NewEngineSession(model, std::nullopt, pool, Options(nullptr));
   EngineOptions o = Options(nullptr);  // the CUDA backend
   o.gpu_memory = uint64_t{1} << 30;
-  auto s = NewEngineSession(model, OraclePlan(model, std::vector<uint8_t>(6, 1), true, 0.5, 3),
-                            pool, o);
+  auto s =
+      NewEngineSession(model, OraclePlan(model, std::vector<uint8_t>(6, 1), true, 0.5, 3), pool, o);
   CHECK(s->placement().gpu_requested);
   CHECK(s->placement().device.empty());
   CHECK_THAT(s->placement().note, Catch::Contains("no CUDA device"));
@@ -348,6 +426,56 @@ TEST_CASE("front door: bad options and plans are clear errors", "[gpu]") {
   tight.gpu_memory = 1 << 20;
   auto refused = Engine::Create(model, std::nullopt, tight, pool);
   CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("front door, CUDA: trained predictors split between the GPU and the host", "[cuda]") {
+  if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  TrainedPredictorsSplit(&gpu::CudaDevice(), nullptr, CachedModel(path));
+}
+
+TEST_CASE("front door, CUDA: Q8_0 and Q4_0 relu-tiny in whole layers", "[cuda]") {
+  if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  ThreadPool pool(2);
+  for (const char* type : {"q8_0", "q4_0"}) {
+    INFO(type);
+    const std::string out = (testing::TempDir() / (std::string("relu-tiny.") + type)).string();
+    REQUIRE(QuantizeModel(path, out, *FindQuantMix(type), pool).ok());
+    WholeLayers(&gpu::CudaDevice(), CachedModel(out));
+  }
+}
+
+TEST_CASE("front door, CUDA: decoding allocates no device memory per token", "[cuda]") {
+  if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  const int64_t n = model.hparams().n_layer;
+  ThreadPool pool(2);
+  for (bool hybrid : {true, false}) {
+    INFO((hybrid ? "hybrid" : "whole layers"));
+    EngineOptions o = Options(&gpu::CudaDevice());
+    o.n_ctx = 96;
+    std::optional<SparsePlan> plan;
+    if (hybrid) {
+      o.gpu_memory = uint64_t{1} << 30;
+      plan = OraclePlan(model, std::vector<uint8_t>(n, 1), true, 0.5, 7);
+    } else {
+      o.gpu_layers = gpu::kAutoLayers;
+    }
+    auto s = NewEngineSession(model, std::move(plan), pool, o);
+    REQUIRE(s->device_bytes() > 0);
+    testing::GreedyIds(s->session(), kPrompt, 4);  // warm: first launches, cuBLAS
+    const auto before = gpu::Probe(0);
+    REQUIRE(before.ok());
+    testing::GreedyIds(s->session(), kPrompt, 64);
+    const auto after = gpu::Probe(0);
+    REQUIRE(after.ok());
+    CHECK(after->free_bytes == before->free_bytes);
+  }
 }
 
 TEST_CASE("front door, CUDA: whole layers, the hybrid placement and its caps", "[cuda]") {

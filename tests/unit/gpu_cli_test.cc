@@ -46,3 +46,42 @@ TEST_CASE("generate --gpu-layers gives the CPU tokens, and says so without a CUD
 
 }  // namespace
 }  // namespace thermocline
+
+namespace thermocline {
+namespace {
+
+TEST_CASE("bench --gpu-compare on the stand-in device: the rows' tokens agree, the model beside",
+          "[gpu][cli]") {
+  // A small synthetic ReLU model with its sidecar, a placement solved for a cap of about 40% of
+  // its weights, then the comparison with the CPU stand-in as the device.
+  const std::string dir = testing::TempDir().string();
+  const std::string model = dir + "/compare.gguf", sidecar = dir + "/compare.thermo.gguf";
+  testing::CliResult r = testing::RunThermocline(
+      "synth --layers 4 --embd 256 --ff 1024 --heads 4 --kv-heads 4 --vocab 512 --type q4_0 "
+      "--activation relu --sparsity 0.9 --hot-fraction 0.05 -o " +
+      model + " --sidecar " + sidecar);
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  r = testing::RunThermocline("solve -m " + model + " --sidecar " + sidecar +
+                              " --gpu-memory 1M --context 49 --objective frequency");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  r = testing::RunThermocline("bench -m " + model + " --sidecar " + sidecar +
+                              " --gpu-compare --gpu-memory 1M --stand-in --threads 2");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("(a) and (b) gave (c)'s 32 greedy tokens"));
+  CHECK_THAT(r.out, Catch::Contains("(a) modelled by the placement:"));
+  CHECK_THAT(r.out, Catch::Contains("hybrid on CPU stand-in device"));
+  CHECK_THAT(r.out, Catch::Contains("model GPU us"));
+  // Without --stand-in and without a device it names what it needs.
+  if (!gpu::DeviceAvailable()) {
+    r = testing::RunThermocline("bench -m " + model + " --sidecar " + sidecar +
+                                " --gpu-compare --gpu-memory 1M");
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.out, Catch::Contains("needs a CUDA device"));
+  }
+}
+
+}  // namespace
+}  // namespace thermocline

@@ -94,7 +94,7 @@ TEST_CASE("whole GPU layers: memory and how many fit under a cap", "[gpu]") {
         mem.layer[0] - 3 * gpu::MemoryBudget::Rounded(L.ffn_up.rows * L.ffn_up.cols * 4) + 1);
 }
 
-TEST_CASE("GPU layers without a CUDA device: Unavailable, never a crash", "[gpu]") {
+TEST_CASE("GPU layers without a CUDA device: Unavailable, never a crash", "[nodevice]") {
   if (gpu::DeviceAvailable())
     THERMOCLINE_SKIP("a CUDA device is present: the [cuda] cases cover it");
   const std::string path = TestModelPath("relu-tiny.f32.gguf");
