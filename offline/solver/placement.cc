@@ -13,12 +13,6 @@ namespace {
 
 double MatrixBytes(const WeightView& w) { return static_cast<double>(w.rows) * w.row_bytes; }
 
-// Bytes of n elements of a weight type (fractional for a partial block).
-double ElementBytes(GgmlType type, int64_t n) {
-  const GgmlTypeInfo& info = TypeInfo(type);
-  return static_cast<double>(n) * info.type_size / info.block_size;
-}
-
 }  // namespace
 
 const char* ObjectiveName(Objective o) { return o == Objective::kTime ? "time" : "frequency"; }
