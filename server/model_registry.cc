@@ -24,7 +24,9 @@ std::shared_ptr<const Engine> LoadedModel::engine() const {
 }
 
 void LoadedModel::SetEngine(std::shared_ptr<const Engine> engine) const {
-  const int64_t b = static_cast<int64_t>(engine->host_bytes());
+  // The sparse copies, less the file's FFN pages they replaced (charged with the weights).
+  const int64_t b = static_cast<int64_t>(engine->host_bytes()) -
+                    static_cast<int64_t>(engine->released_file_bytes());
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
     engine_ = std::move(engine);  // the old one goes once no slot uses it
@@ -125,7 +127,8 @@ absl::StatusOr<std::optional<SparsePlan>> ModelRegistry::ResolveSparse(ServedMod
   if (!resolved.ok()) {
     // A registered model stays usable dense when its job's sidecar cannot be used.
     if (m->registered) {
-      spdlog::warn("model '{}': {}; serving dense", c.name, std::string(resolved.status().message()));
+      spdlog::warn("model '{}': {}; serving dense", c.name,
+                   std::string(resolved.status().message()));
       return std::optional<SparsePlan>();
     }
     return resolved.status();
@@ -245,10 +248,12 @@ absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
       "({:.2f} s)",
       m->config.name, loaded->model->hparams().n_layer, loaded->model->hparams().n_vocab,
       loaded->n_ctx, loaded->chat_template->name(), m->mode(),
-      sparse != nullptr ? absl::StrCat(" (", SparseSourceName(sparse->source),
-                                       sidecar.empty() ? "" : " ", sidecar, ", ",
-                                       (*engine)->host_bytes() >> 20, " MiB of sparse copies)")
-                        : "",
+      sparse != nullptr
+          ? absl::StrCat(" (", SparseSourceName(sparse->source), sidecar.empty() ? "" : " ",
+                         sidecar, ", ", (*engine)->host_bytes() >> 20,
+                         " MiB of sparse copies replacing ", (*engine)->released_file_bytes() >> 20,
+                         " MiB of the file's FFN)")
+          : "",
       loaded->bytes >> 20,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();

@@ -30,9 +30,9 @@ static_assert(static_cast<int>(FfnActivation::kSilu) == 0 &&
 struct DeviceLayer {
   int64_t n_dev = 0;
   const int32_t* compact = nullptr;  // (n_ff) neuron id → compact row, -1 on the host (resident)
-  DevMatrix gate, up, down_t;      // compact rows (n_dev, n_embd)
-  const int32_t* table = nullptr;  // (n_dev) compact row → neuron id
-  int32_t* all = nullptr;          // (n_dev + 1): 0..n_dev-1, then n_dev (the rank-0 list)
+  DevMatrix gate, up, down_t;        // compact rows (n_dev, n_embd)
+  const int32_t* table = nullptr;    // (n_dev) compact row → neuron id
+  int32_t* all = nullptr;            // (n_dev + 1): 0..n_dev-1, then n_dev (the rank-0 list)
   int64_t rank = 0;
   DevMatrix fc1, fc2;         // (rank, n_embd), (n_ff, rank)
   const float* b1 = nullptr;  // (rank)
@@ -59,10 +59,10 @@ class CudaFfnExecutor : public GpuFfnExecutor {
       if (e != nullptr) cudaEventDestroy(e);
     }
     if (stream_ != nullptr && own_stream_) cudaStreamDestroy(stream_);
-    for (void* p : {static_cast<void*>(h_x_), static_cast<void*>(h_idx_),
-                    static_cast<void*>(h_out_), static_cast<void*>(h_counts_),
-                    static_cast<void*>(h_res_xn_), static_cast<void*>(h_res_idx_),
-                    static_cast<void*>(h_res_partial_)}) {
+    for (void* p :
+         {static_cast<void*>(h_x_), static_cast<void*>(h_idx_), static_cast<void*>(h_out_),
+          static_cast<void*>(h_counts_), static_cast<void*>(h_res_xn_),
+          static_cast<void*>(h_res_idx_), static_cast<void*>(h_res_partial_)}) {
       if (p != nullptr) cudaFreeHost(p);
     }
   }
@@ -82,8 +82,8 @@ class CudaFfnExecutor : public GpuFfnExecutor {
     return cuda::UsesQ8Activations(m.type) ? static_cast<const void*>(d_xq_) : x;
   }
   // The device part's FFN over list (count on the device, at most max_n) from x into d_out_.
-  void DevicePart(const DeviceLayer& L, const float* x, const int32_t* list,
-                  const int32_t* count, int64_t max_n, cudaStream_t s);
+  void DevicePart(const DeviceLayer& L, const float* x, const int32_t* list, const int32_t* count,
+                  int64_t max_n, cudaStream_t s);
   // After queueing work: this call's launch errors, the stream drained on error.
   absl::Status CheckLaunches(std::string_view what);
 
@@ -111,12 +111,12 @@ class CudaFfnExecutor : public GpuFfnExecutor {
   int32_t* d_fired_ = nullptr;  // (1)
   // Resident mode: the predictor's logits over every neuron, the host's active list (count at
   // [n_ff]) and the host's partial sum on its way up.
-  float* d_res_logits_ = nullptr;    // (n_ff)
-  int32_t* d_res_idx_ = nullptr;     // (n_ff + 1)
-  float* d_res_partial_ = nullptr;   // (n_embd)
-  float* h_res_xn_ = nullptr;        // pinned (n_embd)
-  int32_t* h_res_idx_ = nullptr;     // pinned (n_ff + 1)
-  float* h_res_partial_ = nullptr;   // pinned (n_embd)
+  float* d_res_logits_ = nullptr;     // (n_ff)
+  int32_t* d_res_idx_ = nullptr;      // (n_ff + 1)
+  float* d_res_partial_ = nullptr;    // (n_embd)
+  float* h_res_xn_ = nullptr;         // pinned (n_embd)
+  int32_t* h_res_idx_ = nullptr;      // pinned (n_ff + 1)
+  float* h_res_partial_ = nullptr;    // pinned (n_embd)
   cudaEvent_t host_ready_ = nullptr;  // the host's half has landed
   bool resident_pending_ = false;     // EnqueueResident without WaitHostPart yet
   // Pinned host buffers.
@@ -325,9 +325,9 @@ absl::Status CudaFfnExecutor::Launch(int layer, const float* xn, const int32_t* 
   TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
   // The previous Wait has drained the stream's use of the pinned buffers written below.
   const cudaStream_t s = stream_;
-  const int32_t* list;
-  const int32_t* count;
-  int64_t max_n;
+  const int32_t* list = nullptr;  // set by one of the three cases below
+  const int32_t* count = nullptr;
+  int64_t max_n = 0;
   if (active != nullptr) {
     for (int64_t j = 0; j < n_active; ++j) {
       const int32_t n = active[j];

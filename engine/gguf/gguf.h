@@ -130,6 +130,12 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* FindTensor(std::string_view name) const;
 
+  // Drops this process's pages of [p, p + bytes) (the whole pages inside it) where they are
+  // mapped from the file: the contents stay the file's, and a later read faults them in again.
+  // For data that a copy has replaced (the sparse FFN's reordered rows). Returns the bytes
+  // released; 0 for memory the file does not map (a FromBytes image, converted tensors).
+  uint64_t ReleasePages(const void* p, uint64_t bytes) const;
+
  private:
   GgufFile() = default;
   absl::Status Parse();

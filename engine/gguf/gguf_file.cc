@@ -106,6 +106,20 @@ GgufFile::~GgufFile() {
   if (mapping_ != nullptr) ::munmap(mapping_, size_);
 }
 
+uint64_t GgufFile::ReleasePages(const void* p, uint64_t bytes) const {
+  if (mapping_ == nullptr) return 0;
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const auto map_begin = reinterpret_cast<uintptr_t>(mapping_);
+  if (begin < map_begin || begin + bytes > map_begin + size_) return 0;
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+  if (last <= first) return 0;
+  // MADV_DONTNEED on a private, never written file mapping only unmaps the pages: a later
+  // access reads the file again.
+  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
+  return last - first;
+}
+
 const GgufValue* GgufFile::Find(std::string_view key) const {
   for (const GgufKeyValue& kv : metadata_) {
     if (kv.key == key) return &kv.value;

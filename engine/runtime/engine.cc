@@ -168,6 +168,7 @@ SparseFfnOptions Engine::FfnOptions(bool on_device, gpu::Queue* queue) const {
   SparseFfnOptions o;
   o.oracle = plan_->oracle;
   o.dense_prefill = options_.dense_prefill;
+  o.max_batch = options_.max_batch;
   if (on_device) {
     o.gpu = true;
     o.gpu_budget = budget_.get();
@@ -204,7 +205,6 @@ absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* po
         SparseFfn::Create(weights_, pool, FfnOptions(/*on_device=*/false, nullptr));
     if (!ffn.ok()) return ffn.status();
     s->sparse_ = *std::move(ffn);
-    s->sparse_->set_session(s->session_.get());
     s->session_->set_ffn_backend(s->sparse_.get());
   }
   if (use_device_) {
@@ -296,7 +296,6 @@ absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
     }
     s->session_->set_ffn_backend(nullptr);
     s->sparse_ = *std::move(ffn);
-    s->sparse_->set_session(s->session_.get());
     s->session_->set_ffn_backend(s->sparse_.get());
     s->layers_ = std::move(layers);
     s->session_->set_layer_backend(s->layers_.get());

@@ -113,6 +113,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   EnginePlacement placement() const;
   // RAM the engine holds beyond the model's mapped file: the sparse copies.
   uint64_t host_bytes() const { return weights_ != nullptr ? weights_->bytes() : 0; }
+  // Of the model's mapped file, the FFN pages the sparse copies replaced (released once
+  // copied: SparseWeights).
+  uint64_t released_file_bytes() const {
+    return weights_ != nullptr ? weights_->released_file_bytes() : 0;
+  }
 
  private:
   friend class EngineSession;

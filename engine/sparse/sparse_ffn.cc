@@ -132,6 +132,13 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
       for (int32_t s = 0; s < h.n_ff; ++s) y.b2[s] = p.b2[order[s]];
     }
     w->layers_.push_back(std::move(y));
+    // The copies replace the file's FFN of this layer (SparseWeights' comment).
+    const GgufFile& file = model.gguf();
+    for (const WeightView* v : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ffn_down_t}) {
+      if (v->data != nullptr) {
+        w->released_file_bytes_ += file.ReleasePages(v->data, v->rows * v->row_bytes);
+      }
+    }
   }
   return std::shared_ptr<const SparseWeights>(std::move(w));
 }
@@ -250,7 +257,13 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
   }
   dense_gate_.resize(h.n_ff);
   dense_up_.resize(h.n_ff);
-  matmul_scratch_.Reserve(1, std::max(h.n_embd, std::max<int64_t>(max_rank, 1)));
+  const int64_t batch = options_.dense_prefill ? std::max<int64_t>(1, options_.max_batch) : 1;
+  matmul_scratch_.Reserve(batch, std::max(h.n_embd, std::max<int64_t>(max_rank, 1)));
+  if (batch > 1) {
+    prefill_gate_.resize(batch * h.n_ff);
+    prefill_up_.resize(batch * h.n_ff);
+    prefill_axpy_.Reserve(batch, h.n_ff);
+  }
   host_ = std::make_unique<Executor>(pool_, h.n_embd, h.n_ff);
   device_ = std::make_unique<Executor>(pool_, h.n_embd, h.n_ff);
   hidden_idx_.resize(std::max<int64_t>(max_rank, 1));
@@ -328,12 +341,21 @@ void SparseFfn::ResetStats() {
 }
 
 void SparseFfn::Forward(int layer, const float* x, const float* xn, int64_t n_tokens, float* out) {
-  if (n_tokens > 1 && options_.dense_prefill && session_ != nullptr) {
-    session_->DenseFfn(layer, x, xn, n_tokens, out);
+  if (n_tokens > 1 && options_.dense_prefill && n_tokens <= options_.max_batch) {
+    Prefill(layer, xn, n_tokens, out);
     return;
   }
   const int64_t d = model_.hparams().n_embd;
   for (int64_t t = 0; t < n_tokens; ++t) ForwardToken(layer, xn + t * d, out + t * d);
+}
+
+void SparseFfn::Prefill(int layer, const float* xn, int64_t n, float* out) {
+  const LlamaHparams& h = model_.hparams();
+  const SparseWeights::Layer& y = weights_->layer(layer);
+  MatMul(*pool_, y.gate, xn, n, prefill_gate_.data(), matmul_scratch_);
+  MatMul(*pool_, y.up, xn, n, prefill_up_.data(), matmul_scratch_);
+  GatedActivation(h.activation, prefill_gate_.data(), prefill_up_.data(), n * h.n_ff);
+  SparseAxpyTokens(*pool_, isa_, y.down_t.view, prefill_gate_.data(), n, out, prefill_axpy_);
 }
 
 void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {

@@ -32,8 +32,9 @@ namespace thermocline {
 // one stream rather than scattered; the copies are on huge pages (engine/util/huge_pages.h),
 // where scattered rows cost no TLB miss each. Slot s holds neuron neuron_of[s]: active sets,
 // predictor logits and the device part are all in slot order, the device part's neurons first. Gate
-// and up rows of a neuron are interleaved when they share a type. Costs the RAM of gate, up and
-// down once more (down_t is needed anyway; the model's gate and up are then read by prefill only).
+// and up rows of a neuron are interleaved when they share a type. The copies replace the
+// model's FFN: prefill reads them too (SparseFfn::Forward), and the file's pages of gate, up and
+// down are released once copied (GgufFile::ReleasePages), so a sparse model holds its FFN once.
 class SparseWeights {
  public:
   struct Layer {
@@ -55,6 +56,9 @@ class SparseWeights {
   const Layer& layer(int l) const { return layers_[l]; }
   // Bytes of RAM the copies take.
   uint64_t bytes() const;
+  // Bytes of the model file's mapped FFN pages released after the copies were made: RAM the
+  // model no longer holds while nothing else reads them.
+  uint64_t released_file_bytes() const { return released_file_bytes_; }
 
  private:
   SparseWeights(const LlamaModel& model, std::vector<SparseLayerPlan> plan)
@@ -62,11 +66,16 @@ class SparseWeights {
   const LlamaModel& model_;
   std::vector<SparseLayerPlan> plan_;
   std::vector<Layer> layers_;
+  uint64_t released_file_bytes_ = 0;
 };
 
 struct SparseFfnOptions {
-  bool oracle = false;         // exact active set from dense gate/up instead of the predictor
-  bool dense_prefill = false;  // n_tokens > 1 through Session::DenseFfn (needs set_session)
+  bool oracle = false;  // exact active set from dense gate/up instead of the predictor
+  // n_tokens > 1 (up to max_batch) computed exactly (every neuron) over the copies: gate and up
+  // as matrix products, down as an axpy over down_t (SparseAxpyTokens); else token by token
+  // through the predictor like decode.
+  bool dense_prefill = false;
+  int64_t max_batch = 1;
   // The device part (the plan's device neurons, slots [0, n_device)) on `device`
   // (engine/gpu/device.h; nullptr: CUDA) under a cap of gpu_memory bytes, or in gpu_budget when
   // given (shared with the engine's other device parts), on gpu_queue when given (the session's
@@ -126,9 +135,6 @@ class SparseFfn : public FfnBackend {
   // exact set themselves and ignore the list.
   absl::Status ForwardListed(int layer, const float* xn, const int32_t* active, int64_t n_active,
                              float* out) override;
-  // The session whose DenseFfn serves prefill when options.dense_prefill.
-  void set_session(Session* session) { session_ = session; }
-
   // Not owned; nullptr (the default) to stop. Costs a copy of each chunk's slots while set.
   void set_active_set_observer(ActiveSetObserver* observer) { observer_ = observer; }
 
@@ -175,6 +181,8 @@ class SparseFfn : public FfnBackend {
   // part).
   std::vector<ChunkBounds> PlanChunks(bool after_device_part) const;
   void ForwardToken(int layer, const float* xn, float* out);
+  // options.dense_prefill: n tokens (<= max_batch), every neuron, over the copies.
+  void Prefill(int layer, const float* xn, int64_t n, float* out);
   // The oracle: dense gate/up, the exact active set split between the host and the device
   // (host_only: the host's slots alone, the device computing its own in resident mode).
   void ForwardTokenOracle(int layer, const float* xn, float* out, bool host_only);
@@ -200,7 +208,6 @@ class SparseFfn : public FfnBackend {
   const LlamaModel& model_;
   ThreadPool* pool_;
   SparseFfnOptions options_;
-  Session* session_ = nullptr;
   ActiveSetObserver* observer_ = nullptr;
   std::unique_ptr<Executor> host_, device_;  // oracle
   std::vector<Lane> lanes_;                  // (pool size) fused path
@@ -219,11 +226,13 @@ class SparseFfn : public FfnBackend {
 
   // Shared per-token buffers, sized at construction.
   const Isa isa_ = BestIsa();
-  std::vector<uint8_t> x_gate_, x_up_;        // xn prepared for gate's / up's row dots
-  std::vector<float> hidden_;                 // (max rank) fc1 · xn
-  std::vector<float> logits_;                 // (n_ff)
-  std::vector<float> device_out_;             // (n_embd) the device part's partial sum
-  std::vector<float> dense_gate_, dense_up_;  // (n_ff), oracle
+  std::vector<uint8_t> x_gate_, x_up_;            // xn prepared for gate's / up's row dots
+  std::vector<float> hidden_;                     // (max rank) fc1 · xn
+  std::vector<float> logits_;                     // (n_ff)
+  std::vector<float> device_out_;                 // (n_embd) the device part's partial sum
+  std::vector<float> dense_gate_, dense_up_;      // (n_ff), oracle
+  std::vector<float> prefill_gate_, prefill_up_;  // (max_batch, n_ff) with dense_prefill
+  AxpyTokensScratch prefill_axpy_;
   MatMulScratch matmul_scratch_;
   SparseFfnStats stats_;
 };

@@ -5,6 +5,8 @@
 #include "engine/sparse/sparse_ops.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -244,6 +246,61 @@ void SparseMatVec(ThreadPool& pool, const TypeKernels& k, const WeightView& w, c
   }
   pool.ParallelFor(n_active, 4, [&](int, int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) y[j] = k.vec_dot(w.cols, w.row(idx[j]), x);
+  });
+}
+
+void AxpyTokensScratch::Reserve(int64_t max_tokens, int64_t max_rows) {
+  max_tokens_ = max_tokens;
+  max_rows_ = max_rows;
+  idx_.assign(static_cast<size_t>(max_tokens * max_rows), 0);
+  act_.assign(static_cast<size_t>(max_tokens * max_rows), 0.0f);
+  count_.assign(max_tokens, 0);
+}
+
+void SparseAxpyTokens(ThreadPool& pool, Isa isa, const WeightView& w_t, const float* act, int64_t n,
+                      float* out, AxpyTokensScratch& scratch) {
+  // Bytes of w_t's column slice that the tokens pass over: within a core's L2 beside the
+  // outputs and the lists.
+  constexpr double kSliceBytes = 256 << 10;
+  if (n > scratch.max_tokens_ || w_t.rows > scratch.max_rows_) {
+    std::fprintf(
+        stderr, "thermocline SparseAxpyTokens: %lld tokens x %lld rows, scratch for %lld x %lld\n",
+        static_cast<long long>(n), static_cast<long long>(w_t.rows),
+        static_cast<long long>(scratch.max_tokens_), static_cast<long long>(scratch.max_rows_));
+    std::abort();
+  }
+  if (AxpyFor(w_t.type, isa) == nullptr) isa = Isa::kScalar;
+  const AxpyFn axpy = AxpyFor(w_t.type, isa);
+  const int64_t rows = w_t.rows, cols = w_t.cols;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* a = act + t * rows;
+    int32_t* idx = scratch.idx_.data() + t * rows;
+    float* val = scratch.act_.data() + t * rows;
+    int64_t m = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      if (a[i] != 0.0f) {
+        idx[m] = static_cast<int32_t>(i);
+        val[m++] = a[i];
+      }
+    }
+    scratch.count_[t] = m;
+  }
+  const int64_t bs = TypeInfo(w_t.type).block_size;
+  const double col_bytes = static_cast<double>(rows) * RowBytes(w_t.type, bs) / bs;
+  const int64_t slice = std::min(
+      cols, std::max<int64_t>(bs, static_cast<int64_t>(kSliceBytes / col_bytes) / bs * bs));
+  const int64_t n_slices = (cols + slice - 1) / slice;
+  const int parts = static_cast<int>(std::min<int64_t>(pool.size(), n_slices));
+  RunParts(pool, parts, n_slices, [&](int, int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t col0 = c * slice, width = std::min(slice, cols - col0);
+      for (int64_t t = 0; t < n; ++t) {
+        float* o = out + t * cols + col0;
+        std::fill_n(o, width, 0.0f);
+        AxpyInto(axpy, w_t, col0, width, scratch.idx_.data() + t * rows,
+                 scratch.act_.data() + t * rows, scratch.count_[t], o);
+      }
+    }
   });
 }
 

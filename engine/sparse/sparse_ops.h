@@ -112,6 +112,26 @@ absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const Weigh
 void SparseAxpy(ThreadPool& pool, Isa isa, const WeightView& w_t, const int32_t* idx,
                 const float* act, int64_t n_active, float* out, SparseScratch& scratch);
 
+// out: (n, w_t.cols) = act: (n, w_t.rows) · w_t, zero activations skipped: the down of a prefill
+// chunk over down_t (row i of act in slot order). Parallel over column slices of w_t small
+// enough to stay in cache while the n tokens pass over them, so w_t is read from memory once per
+// call; each output element is summed by one thread in row order (deterministic). `scratch`:
+// the nonzero lists, reserved with ReserveAxpyTokens.
+class AxpyTokensScratch {
+ public:
+  void Reserve(int64_t max_tokens, int64_t max_rows);
+
+ private:
+  friend void SparseAxpyTokens(ThreadPool&, Isa, const WeightView&, const float*, int64_t, float*,
+                               AxpyTokensScratch&);
+  int64_t max_tokens_ = 0, max_rows_ = 0;
+  std::vector<int32_t> idx_;    // (max_tokens, max_rows)
+  std::vector<float> act_;      // (max_tokens, max_rows)
+  std::vector<int64_t> count_;  // (max_tokens)
+};
+void SparseAxpyTokens(ThreadPool& pool, Isa isa, const WeightView& w_t, const float* act, int64_t n,
+                      float* out, AxpyTokensScratch& scratch);
+
 // ---- The first interface, kept: `k` is KernelsFor(w.type, isa) and selects the ISA ----
 
 // PreparedBytes of the type whose kernels `k` are (for any of its ISAs).
