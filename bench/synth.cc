@@ -189,6 +189,11 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
   }
   const int64_t head_dim = o.n_embd / o.n_head;
   const bool sparse = o.sparsity > 0;
+  const bool moe = o.n_expert > 0;
+  if (moe && (sparse || o.n_expert_used < 1 || o.n_expert_used > o.n_expert)) {
+    return absl::InvalidArgumentError(
+        "synth: --experts needs 1 <= --experts-used <= --experts, and no --sparsity");
+  }
   std::vector<double> firing;
   if (sparse) {
     if (o.activation == FfnActivation::kSilu) {
@@ -213,6 +218,10 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
   w.SetFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
   w.SetFloat32("llama.rope.freq_base", 10000.0f);
   w.SetString("llama.feed_forward_activation", ActivationName(o.activation));
+  if (moe) {
+    w.SetUint32("llama.expert_count", static_cast<uint32_t>(o.n_expert));
+    w.SetUint32("llama.expert_used_count", static_cast<uint32_t>(o.n_expert_used));
+  }
 
   // A SentencePiece-style vocabulary: unk, bos, eos, the 256 byte tokens, then filler pieces.
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
@@ -276,6 +285,24 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
     if (s.ok()) s = add_matrix(b + "attn_v.weight", o.n_head_kv * head_dim, o.n_embd);
     if (s.ok()) s = add_output(b + "attn_output.weight", o.n_embd, o.n_embd);
     if (s.ok()) s = add_ones(b + "ffn_norm.weight");
+    if (moe) {
+      // Expert e's rows follow expert e - 1's: the 3-D tensors (n_embd, n_ff, n_expert) and
+      // (n_ff, n_embd, n_expert) hold n_expert matrices one after another.
+      auto add_experts = [&](const std::string& name, int64_t rows, int64_t cols) {
+        return w.AddTensorCopy(name, o.type, {cols, rows, o.n_expert},
+                               RandomMatrix(rows * o.n_expert, cols, o.type, ++seed, pool, 1.0f,
+                                            nullptr));
+      };
+      if (s.ok()) {
+        s = w.AddTensorCopy(b + "ffn_gate_inp.weight", GgmlType::kF32, {o.n_embd, o.n_expert},
+                            RandomMatrix(o.n_expert, o.n_embd, GgmlType::kF32, ++seed, pool, 1.0f,
+                                         nullptr));
+      }
+      if (s.ok()) s = add_experts(b + "ffn_gate_exps.weight", o.n_ff, o.n_embd);
+      if (s.ok()) s = add_experts(b + "ffn_up_exps.weight", o.n_ff, o.n_embd);
+      if (s.ok()) s = add_experts(b + "ffn_down_exps.weight", o.n_embd, o.n_ff);
+      continue;
+    }
     if (sparse) {
       const uint64_t layer_seed = LayerSeed(o, l);
       const std::vector<float> z = GateBiases(firing, layer_seed);

@@ -41,6 +41,11 @@ struct SynthOptions {
   // fire for more than half of the tokens, the rest ever more rarely (see synth.cc).
   double sparsity = 0;
   double hot_fraction = 0.05;
+  // A Mixtral-style mixture of experts when n_expert > 0: every layer's FFN is n_expert random
+  // experts of n_ff neurons (ffn_{gate,up,down}_exps) and a random F32 router (ffn_gate_inp)
+  // choosing n_expert_used of them per token. Not with sparsity.
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
 };
 
 // The firing probability of each of n neurons, sorted from the hottest: p(r) =

@@ -29,6 +29,17 @@ Sidecar AssembleSidecar(const LlamaModel& model, const std::string& model_name,
   s.tokens = prof.tokens();
   s.target_recall = options.predictors.train.target_recall;
   s.target_sparsity = prof.magnitude_based() ? options.profiler.target_sparsity : 0.0;
+  if (hp.is_moe()) {  // routing counts only: no neuron statistics, no predictors
+    s.n_expert = hp.n_expert;
+    s.n_expert_used = hp.n_expert_used;
+    for (int64_t l = 0; l < hp.n_layer; ++l) {
+      SidecarLayer& y = s.layers.emplace_back();
+      for (uint64_t c : prof.route_count(static_cast<int>(l))) {
+        y.expert_route_count.push_back(static_cast<int32_t>(std::min<uint64_t>(c, INT32_MAX)));
+      }
+    }
+    return s;
+  }
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     const LayerStats& st = prof.layer(static_cast<int>(l));
     SidecarLayer y;
@@ -74,7 +85,7 @@ absl::StatusOr<PipelineResult> RunProfilePipeline(const LlamaModel& model,
   }
   r.profile_seconds = Since(t0);
   t0 = std::chrono::steady_clock::now();
-  {
+  if (!model.hparams().is_moe()) {  // experts are placed by their routing, not predicted
     ProgressReporter progress("train", progress_out, callback);
     auto set = TrainPredictors(pool, model, *r.profiler, options.predictors, &progress);
     if (!set.ok()) return set.status();
@@ -92,6 +103,10 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
   double sparsity = 0, recall_min = 1;
   for (size_t l = 0; l < r.sidecar.layers.size(); ++l) {
     const SidecarLayer& y = r.sidecar.layers[l];
+    if (r.sidecar.n_expert > 0) {
+      layers.push_back({{"layer", l}, {"expert_route_count", y.expert_route_count}});
+      continue;
+    }
     const LayerPredictor& lp = r.predictors.layers[l];
     nlohmann::json trials = nlohmann::json::array();
     for (const RankTrial& t : lp.trials) {

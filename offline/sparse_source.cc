@@ -34,6 +34,13 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
   for (size_t l = 0; l < plan.size(); ++l) {
     const SidecarLayer& s = sidecar.layers[l];
     SparseLayerPlan& p = plan[l];
+    if (sidecar.n_expert > 0) {  // experts as units: routing counts and the device experts
+      p.route_count = s.expert_route_count;
+      for (size_t e = 0; e < s.expert_gpu.size(); ++e) {
+        if (s.expert_gpu[e]) p.device_experts.push_back(static_cast<int32_t>(e));
+      }
+      continue;
+    }
     const Predictor& pr = s.predictor;
     if (pr.rank > 0) {
       // The sidecar holds fc1/fc2 as F16; in memory they are F16-rounded floats: exact.
@@ -78,7 +85,10 @@ absl::StatusOr<SparsePlan> LoadSparsePlan(const std::string& path, const LlamaMo
 
 PlacementSummary SummarizePlacement(const Sidecar& sidecar) {
   PlacementSummary p;
-  for (const SidecarLayer& l : sidecar.layers) p.gpu_neurons += l.n_gpu;
+  for (const SidecarLayer& l : sidecar.layers) {
+    p.gpu_neurons += l.n_gpu;
+    for (int32_t on : l.expert_gpu) p.gpu_experts += on;
+  }
   p.cpu_neurons = sidecar.n_layer * sidecar.n_ff - p.gpu_neurons;
   const SidecarPlacement& s = sidecar.placement;
   p.solved = s.present;

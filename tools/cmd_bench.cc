@@ -182,6 +182,9 @@ int RunBench(int argc, char** argv) {
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     std::puts(
+        "  a mixture of experts: decode tokens/s of every expert computed (dense), of the\n"
+        "  routed experts on the CPU, and of --sidecar's expert placement under --gpu-memory\n"
+        "  (--stand-in: on the CPU stand-in device)\n"
         "  --gpu-compare            decode tokens/s of (a) the hybrid sparse placement of\n"
         "                           --sidecar, (b) dense with --gpu-layers (default auto) whole\n"
         "                           layers on the GPU, (c) all on the CPU, under --gpu-memory;\n"
@@ -211,6 +214,9 @@ int RunBench(int argc, char** argv) {
   if (absl::Status s = CheckModelArgs(*args); !s.ok()) return Fail("bench", s, true);
   auto model = LoadModelFromArgs(*args);
   if (!model.ok()) return Fail("bench", model.status());
+  if ((*model)->hparams().is_moe()) {
+    return RunBenchMoe(*args, **model, o.prompt_tokens, o.gen_tokens, o.repetitions);
+  }
   ThreadPool pool(*threads);
   EngineOptions engine_options;
   engine_options.n_ctx = o.prompt_tokens + o.gen_tokens + 1;

@@ -115,6 +115,19 @@ int RunProfile(int argc, char** argv) {
       return Fail("profile", s);
     }
   }
+  if (result->sidecar.n_expert > 0) {
+    std::printf("%5s  tokens routed to each expert\n", "layer");
+    for (const auto& l : report["layers"]) {
+      std::printf("%5d ", l["layer"].get<int>());
+      for (const auto& c : l["expert_route_count"]) std::printf(" %6lld", c.get<long long>());
+      std::printf("\n");
+    }
+    std::printf("%lld tokens profiled in %.1f s (routing of %lld experts, %lld used); sidecar %s\n",
+                static_cast<long long>(result->source.tokens), result->profile_seconds,
+                static_cast<long long>(result->sidecar.n_expert),
+                static_cast<long long>(result->sidecar.n_expert_used), out.c_str());
+    return 0;
+  }
   std::printf("%5s %9s %7s %5s %7s %9s %10s\n", "layer", "sparsity", "skew80", "rank", "recall",
               "precision", "pred KiB");
   for (const auto& l : report["layers"]) {

@@ -125,6 +125,13 @@ int RunSolve(int argc, char** argv) {
       hw.name.c_str(), hw.gpu_bandwidth_gbps, hw.cpu_bandwidth_gbps, *budget / 1048576.0,
       static_cast<long long>(run->problem.min_neurons));
   for (const auto& l : j["layers"]) {
+    if (l.contains("gpu_experts")) {  // a mixture of experts: whole experts, attention on the CPU
+      std::string experts;
+      for (const auto& e : l["gpu_experts"]) absl::StrAppend(&experts, " ", e.get<int>());
+      std::printf("  layer %3d: experts on GPU:%s\n", l["layer"].get<int>(),
+                  experts.empty() ? " none" : experts.c_str());
+      continue;
+    }
     std::printf("  layer %3d: %5lld / %lld neurons on GPU, attention %s\n", l["layer"].get<int>(),
                 l["gpu_neurons"].get<long long>(), l["n_ff"].get<long long>(),
                 l["attention_gpu"].get<bool>() ? "GPU" : "CPU");

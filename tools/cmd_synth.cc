@@ -78,7 +78,8 @@ int RunSynth(int argc, char** argv) {
   auto args = Args::Parse(argc, argv,
                           {"--layers", "--embd", "--ff", "--heads", "--kv-heads", "--vocab",
                            "--ctx", "--type", "--activation", "--seed", "--output", "--threads",
-                           "--sparsity", "--hot-fraction", "--sidecar"},
+                           "--sparsity", "--hot-fraction", "--sidecar", "--experts",
+                           "--experts-used"},
                           {"--help"}, {{"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("synth", args.status(), true);
   if (args->Has("--help") || !args->Get("--output")) {
@@ -89,6 +90,8 @@ int RunSynth(int argc, char** argv) {
         "  --sparsity S      ReLU family: mean fraction of FFN neurons that stay zero per token,\n"
         "                    with a power-law firing frequency (0.5 .. 0.999; default: random)\n"
         "  --hot-fraction H  fraction of neurons that fire for most tokens (default 0.05)\n"
+        "  --experts E --experts-used K  a Mixtral-style mixture of E experts of --ff neurons\n"
+        "                    each, K routed per token (a random router)\n"
         "  --sidecar FILE    with --sparsity: also write a sidecar holding the predictors the\n"
         "                    model's construction implies (no profiling needed for benchmarks),\n"
         "                    thresholded for recall 0.99 on 128 tokens as profile would\n",
@@ -106,7 +109,9 @@ int RunSynth(int argc, char** argv) {
                     {"--heads", &o.n_head},
                     {"--kv-heads", &o.n_head_kv},
                     {"--vocab", &o.n_vocab},
-                    {"--ctx", &o.n_ctx}}) {
+                    {"--ctx", &o.n_ctx},
+                    {"--experts", &o.n_expert},
+                    {"--experts-used", &o.n_expert_used}}) {
     auto v = args->GetInt(f.flag, *f.dst);
     if (!v.ok()) return Fail("synth", v.status(), true);
     *f.dst = *v;

@@ -73,5 +73,10 @@ absl::StatusOr<std::shared_ptr<const Engine>> EngineFromArgs(const Args& args,
 absl::StatusOr<std::unique_ptr<EngineSession>> SessionFor(const Engine& engine, ThreadPool* pool);
 // bench --gpu-compare (tools/cmd_bench_gpu.cc): hybrid sparse vs -ngl dense vs CPU decode.
 int RunBenchGpuCompare(const Args& args);
+// bench on a mixture of experts (tools/cmd_bench_moe.cc): decode tokens/s of every expert
+// computed densely, of the routed experts on the CPU, and of the sidecar's expert placement
+// (--gpu-memory; --stand-in: on the CPU stand-in device).
+int RunBenchMoe(const Args& args, const LlamaModel& model, int64_t prompt_tokens,
+                int64_t gen_tokens, int repetitions);
 
 }  // namespace thermocline::cli

@@ -74,6 +74,16 @@ FfnLayerBytes FfnLayerDeviceBytes(const LayerWeights& layer, int64_t n_embd, int
   return b;
 }
 
+uint64_t ExpertDeviceBytes(const LayerWeights& layer, int64_t expert, int64_t n_embd,
+                           int64_t n_ff_exp) {
+  const uint64_t n = static_cast<uint64_t>(n_ff_exp);
+  const WeightView& down = layer.expert_down[expert];
+  return Block(n * RowBytes(layer.expert_gate[expert].type, n_embd)) +
+         Block(n * RowBytes(layer.expert_up[expert].type, n_embd)) +
+         Block(n * RowBytes(DownTType(down), n_embd)) + Block(n * 4) + Block((n + 1) * 4) +
+         Block(n * 4);  // the neuron table, the all-neurons list, the neuron map
+}
+
 GpuLayersMemory ComputeHybridLayersMemory(const LlamaModel& model, int64_t n_ctx, int64_t max_batch,
                                           bool output) {
   static HostFfnPlaceholder placeholder;

@@ -34,6 +34,14 @@ FfnLayerBytes FfnLayerDeviceBytes(const LayerWeights& layer, int64_t n_embd, int
 // max_rank (an upper bound: max_device = n_ff).
 uint64_t FfnScratchBytes(int64_t n_embd, int64_t n_ff, int64_t max_device, int64_t max_rank);
 
+// One expert of a mixture-of-experts layer as a unit of the placement: the bytes
+// ComputeGpuFfnMemory accounts for an executor layer holding all n_ff_exp of its neurons with no
+// predictor (gate, up and down_t rows, down_t of TransposeWeight's type, and the tables). Exact,
+// not a bound: every expert of a layer is one executor layer of the placed MoE FFN
+// (engine/sparse/moe_ffn.h), whose scratch is FfnScratchBytes(n_embd, n_ff_exp, n_ff_exp, 0).
+uint64_t ExpertDeviceBytes(const LayerWeights& layer, int64_t expert, int64_t n_embd,
+                           int64_t n_ff_exp);
+
 // The memory of hybrid GPU layers (attention, norms, the KV cache of n_ctx positions; the FFN
 // through the host) of `model`, per layer, with the output head and the scratch.
 GpuLayersMemory ComputeHybridLayersMemory(const LlamaModel& model, int64_t n_ctx, int64_t max_batch,

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/model/cpu_ops.h"
+#include "engine/model/moe_route.h"
 
 namespace thermocline {
 
@@ -204,28 +205,10 @@ void Session::MoeFfn(int layer, const float* xn, int64_t n, float* out) {
   const LlamaHparams& h = model_.hparams();
   const LayerWeights& L = model_.layers()[layer];
   const int64_t d = h.n_embd, n_expert = h.n_expert, k = h.n_expert_used;
-  // Router: softmax over the logits, the k most probable experts (the lower id on a tie),
-  // their probabilities renormalised to sum 1 where the family does.
+  // Router: the k most probable experts of each token (moe_route.h).
   MatMul(*pool_, L.ffn_gate_inp, xn, n, router_.data(), scratch_);
-  for (int64_t t = 0; t < n; ++t) {
-    float* p = router_.data() + t * n_expert;
-    Softmax(p, n_expert);
-    int32_t* sel = sel_.data() + t * k;
-    float* w = sel_w_.data() + t * k;
-    double sum = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t best = 0;
-      for (int64_t e = 1; e < n_expert; ++e) best = p[e] > p[best] ? e : best;
-      sel[j] = static_cast<int32_t>(best);
-      w[j] = p[best];
-      sum += p[best];
-      p[best] = -1.0f;  // below every probability: not chosen again
-    }
-    if (h.arch->expert_weights_norm) {
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j < k; ++j) w[j] *= inv;
-    }
-  }
+  RouteTopK(h, router_.data(), n, sel_.data(), sel_w_.data());
+  if (observer_ != nullptr) observer_->OnRouting(layer, sel_.data(), k, n);
   std::fill_n(out, n * d, 0.0f);
   // Expert by expert over the tokens that chose it, so that a prefill batch reads each
   // selected expert's weights once.

@@ -22,12 +22,14 @@ namespace thermocline {
 
 // Sees the FFN of every layer during a forward pass (the profiler's hook). Called on the
 // evaluating thread; `x` is the FFN input before ffn_norm, `act` the gated activation
-// (n_tokens rows each). Not called for mixture-of-experts layers.
+// (n_tokens rows each). OnFfn is not called for mixture-of-experts layers; OnRouting is, with
+// selected: (n_tokens, k) the experts each token's router chose.
 class FfnObserver {
  public:
   virtual ~FfnObserver() = default;
   virtual void OnFfn(int layer, const float* x, int64_t n_embd, const float* act, int64_t n_ff,
                      int64_t n_tokens) = 0;
+  virtual void OnRouting(int layer, const int32_t* selected, int64_t k, int64_t n_tokens) {}
 };
 
 struct SessionOptions {

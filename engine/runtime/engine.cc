@@ -56,7 +56,12 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Create(const LlamaModel& m
     plan->layers.clear();
   }
   std::shared_ptr<Engine> engine(new Engine(model, std::move(plan), options, n_ctx));
-  if (engine->plan_.has_value()) {
+  if (engine->plan_.has_value() && h.is_moe()) {
+    absl::StatusOr<std::shared_ptr<const ExpertWeights>> experts =
+        ExpertWeights::Build(model, std::move(layers), build_pool);
+    if (!experts.ok()) return experts.status();
+    engine->experts_ = *std::move(experts);
+  } else if (engine->plan_.has_value()) {
     absl::StatusOr<std::shared_ptr<const SparseWeights>> weights =
         SparseWeights::Build(model, std::move(layers), build_pool);
     if (!weights.ok()) return weights.status();
@@ -72,7 +77,8 @@ Engine::Engine(const LlamaModel& model, std::optional<SparsePlan> plan,
   const LlamaHparams& h = model.hparams();
   placement_.gpu_requested = options.gpu_requested();
   placement_.n_layer = h.n_layer;
-  placement_.ffn_neurons = h.n_layer * h.n_ff;
+  placement_.ffn_neurons = h.is_moe() ? 0 : h.n_layer * h.n_ff;
+  placement_.experts = h.n_layer * h.n_expert;
   placement_.sparse = plan_.has_value();
   if (plan_.has_value()) {
     placement_.oracle = plan_->oracle;
@@ -137,6 +143,20 @@ absl::Status Engine::PlanDevice() {
     return absl::OkStatus();
   }
 
+  if (experts_ != nullptr) {  // the placement's experts on the device, all else on the CPU
+    const int64_t n = experts_->n_device_experts();
+    if (n == 0) {
+      placement_.note =
+          "the expert placement puts no expert on the GPU (solve it for this machine: "
+          "thermocline solve --gpu-memory BYTES)";
+      return absl::OkStatus();
+    }
+    use_device_ = true;
+    placement_.device = info->name;
+    placement_.gpu_experts = n;
+    return absl::OkStatus();
+  }
+
   // The hybrid placement: the plan's attention layers (and head) on the device, its device
   // neurons there too.
   layers_spec_.model = &model_;
@@ -179,6 +199,44 @@ SparseFfnOptions Engine::FfnOptions(bool on_device, gpu::Queue* queue) const {
   return o;
 }
 
+MoeFfnOptions Engine::ExpertOptions(bool on_device, gpu::Queue* queue) const {
+  MoeFfnOptions o;
+  o.dense_prefill = options_.dense_prefill;
+  o.all_experts = options_.moe_all_experts;
+  if (on_device) {
+    o.device = &device();
+    o.budget = budget_.get();
+    o.gpu_memory = budget_->cap();
+    o.queue = queue;
+    o.device_index = options_.device_index;
+  }
+  return o;
+}
+
+absl::Status Engine::AttachExperts(EngineSession* s, ThreadPool* pool) const {
+  EnginePlacement& p = s->placement_;
+  absl::StatusOr<std::unique_ptr<MoeFfn>> moe =
+      MoeFfn::Create(experts_, pool, ExpertOptions(/*on_device=*/true, s->queue_.get()));
+  if (!moe.ok()) {
+    if (!absl::IsResourceExhausted(moe.status())) return moe.status();
+    p.note = absl::StrCat("the device experts do not fit (", moe.status().message(),
+                          "); this session runs on the CPU");
+    return absl::OkStatus();
+  }
+  if (!(*moe)->on_device()) {
+    p.note = absl::StrCat((*moe)->device_status().message(), "; this session runs on the CPU");
+    return absl::OkStatus();
+  }
+  s->session_->set_ffn_backend(nullptr);
+  s->moe_ = *std::move(moe);
+  s->moe_->set_session(s->session_.get());
+  s->session_->set_ffn_backend(s->moe_.get());
+  p.device = placement_.device;
+  p.gpu_experts = placement_.gpu_experts;
+  p.gpu_bytes = s->device_bytes();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* pool) const {
   std::unique_ptr<EngineSession> s(new EngineSession());
   s->engine_ = shared_from_this();
@@ -192,6 +250,7 @@ absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* po
   p.gpu_requested = placement_.gpu_requested;
   p.n_layer = placement_.n_layer;
   p.ffn_neurons = placement_.ffn_neurons;
+  p.experts = placement_.experts;
   p.sparse = placement_.sparse;
   p.oracle = placement_.oracle;
   p.sparse_source = placement_.sparse_source;
@@ -206,6 +265,14 @@ absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* po
     if (!ffn.ok()) return ffn.status();
     s->sparse_ = *std::move(ffn);
     s->session_->set_ffn_backend(s->sparse_.get());
+  }
+  if (experts_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<MoeFfn>> moe =
+        MoeFfn::Create(experts_, pool, ExpertOptions(/*on_device=*/false, nullptr));
+    if (!moe.ok()) return moe.status();
+    s->moe_ = *std::move(moe);
+    s->moe_->set_session(s->session_.get());
+    s->session_->set_ffn_backend(s->moe_.get());
   }
   if (use_device_) {
     if (absl::Status st = AttachDevice(s.get(), pool); !st.ok()) return st;
@@ -224,6 +291,7 @@ absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
     return absl::OkStatus();
   }
   s->queue_ = *std::move(queue);
+  if (experts_ != nullptr) return AttachExperts(s, pool);
   if (whole_layers_) {
     gpu::GpuLayersSpec spec = layers_spec_;
     spec.budget = budget_.get();
@@ -334,6 +402,9 @@ std::string DescribePlacement(const EnginePlacement& p) {
   std::string out;
   if (p.device.empty()) {
     out = "all on the CPU";
+  } else if (p.gpu_experts > 0) {
+    out = absl::StrCat("experts on ", p.device, ": ", p.gpu_experts, " of ", p.experts,
+                       " experts (the rest, the router and attention on the CPU)");
   } else if (p.gpu_layers > 0) {
     out = absl::StrCat(p.gpu_layers, "/", p.n_layer, " whole layers",
                        p.output_gpu ? " and the output head" : "", " on ", p.device);
@@ -351,7 +422,8 @@ EngineSession::~EngineSession() = default;
 
 uint64_t EngineSession::device_bytes() const {
   return (layers_ != nullptr ? layers_->device_bytes() : 0) +
-         (sparse_ != nullptr ? sparse_->gpu_device_bytes() : 0);
+         (sparse_ != nullptr ? sparse_->gpu_device_bytes() : 0) +
+         (moe_ != nullptr ? moe_->device_bytes() : 0);
 }
 
 }  // namespace thermocline

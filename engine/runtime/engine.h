@@ -15,7 +15,10 @@
 //   gpu_memory with a plan  the hybrid placement: the plan's attention layers (and head) on the
 //                           device, the FFN split between the device's hot neurons and the CPU's
 //                           cold ones, under the cap;
-//   gpu_memory, dense       as gpu_layers auto under the cap.
+//   gpu_memory, dense       as gpu_layers auto under the cap;
+//   gpu_memory, experts     a mixture of experts with an expert placement: the placement's
+//                           experts on the device, the rest, the router and attention on the
+//                           CPU (engine/sparse/moe_ffn.h).
 // Without a usable device, placement().note says why and everything runs on the CPU, with the
 // same tokens.
 #pragma once
@@ -33,6 +36,7 @@
 #include "engine/gpu/gpu_memory.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
+#include "engine/sparse/moe_ffn.h"
 #include "engine/sparse/sparse_ffn.h"
 #include "engine/sparse/sparse_plan.h"
 #include "engine/util/thread_pool.h"
@@ -55,6 +59,9 @@ struct EngineOptions {
   int64_t gpu_layers = kNoGpuLayers;
   int device_index = 0;
   const gpu::Device* device = nullptr;  // nullptr: the CUDA backend (gpu::CudaDevice())
+  // A mixture of experts with a plan: every expert of every token computed on the host (those
+  // not routed to weighted 0), the cost of the mixture as one dense FFN. bench's reference only.
+  bool moe_all_experts = false;
 
   bool gpu_requested() const { return gpu_memory > 0 || gpu_layers != kNoGpuLayers; }
 };
@@ -76,6 +83,8 @@ struct EnginePlacement {
   bool output_gpu = false;           // the output norm and head on the device
   int64_t gpu_neurons = 0;           // FFN neurons computed on the device, all layers
   int64_t ffn_neurons = 0;           // all FFN neurons, all layers
+  int64_t gpu_experts = 0;           // a mixture of experts: experts on the device, all layers
+  int64_t experts = 0;               // all experts, all layers
   bool sparse = false;
   bool oracle = false;
   SparsePlan::Source sparse_source = SparsePlan::Source::kSidecar;  // when sparse
@@ -108,11 +117,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // null: dense. Its `layers` are empty: they moved into sparse_weights()->plan().
   const SparsePlan* sparse_plan() const { return plan_ ? &*plan_ : nullptr; }
   const std::shared_ptr<const SparseWeights>& sparse_weights() const { return weights_; }
+  // A mixture of experts with a plan: the expert placement and its shared copies; else null.
+  const std::shared_ptr<const ExpertWeights>& expert_weights() const { return experts_; }
   // Where the parts run: the plan, as the first session that reached the device got it.
   // Thread-safe.
   EnginePlacement placement() const;
   // RAM the engine holds beyond the model's mapped file: the sparse copies.
-  uint64_t host_bytes() const { return weights_ != nullptr ? weights_->bytes() : 0; }
+  uint64_t host_bytes() const {
+    return (weights_ != nullptr ? weights_->bytes() : 0) +
+           (experts_ != nullptr ? experts_->bytes() : 0);
+  }
   // Of the model's mapped file, the FFN pages the sparse copies replaced (released once
   // copied: SparseWeights).
   uint64_t released_file_bytes() const {
@@ -126,6 +140,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   absl::Status PlanDevice();
   const gpu::Device& device() const;
   SparseFfnOptions FfnOptions(bool on_device, gpu::Queue* queue) const;
+  MoeFfnOptions ExpertOptions(bool on_device, gpu::Queue* queue) const;
+  absl::Status AttachExperts(EngineSession* s, ThreadPool* pool) const;
   // The device parts of `s` as planned, falling back (attention dropped, then the device) when
   // the budget cannot hold them; what it got in s->placement_.
   absl::Status AttachDevice(EngineSession* s, ThreadPool* pool) const;
@@ -136,6 +152,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const EngineOptions options_;
   const int64_t n_ctx_;
   std::shared_ptr<const SparseWeights> weights_;
+  std::shared_ptr<const ExpertWeights> experts_;
 
   // The device plan (PlanDevice): whole layers, or the hybrid placement's layers and neurons.
   bool use_device_ = false;
@@ -159,6 +176,9 @@ class EngineSession {
   // The sparse FFN (stats, the active-set observer); null when dense.
   SparseFfn* sparse() { return sparse_.get(); }
   const SparseFfn* sparse() const { return sparse_.get(); }
+  // The placed MoE FFN (a mixture of experts with a plan); null otherwise.
+  MoeFfn* moe() { return moe_.get(); }
+  const MoeFfn* moe() const { return moe_.get(); }
   // Where this session's parts run.
   const EnginePlacement& placement() const { return placement_; }
   // Its whole or hybrid layers on the device; null when none.
@@ -175,6 +195,7 @@ class EngineSession {
   std::unique_ptr<gpu::Queue> queue_;     // the order of its device work; outlives its users
   std::unique_ptr<Session> session_;
   std::unique_ptr<SparseFfn> sparse_;
+  std::unique_ptr<MoeFfn> moe_;  // after queue_: its executor runs on it
   std::unique_ptr<gpu::GpuLayers> layers_;  // after sparse_: may call it, freed first
   EnginePlacement placement_;
 };

@@ -26,12 +26,18 @@ struct SparseLayerPlan {
   float magnitude_threshold = 0;        // fired iff |act| > this
   std::vector<int32_t> device_neurons;  // the placement's device part (empty: all host)
   std::vector<int32_t> fire_count;      // (n_ff) firings in the profile (empty: none)
+  // Mixture of experts: the placement's experts on the device, ascending (empty: all on the
+  // host), and the profile's tokens routed to each expert (n_expert, empty: none). Such a
+  // layer has no predictor and no neuron lists: whole experts are the units.
+  std::vector<int32_t> device_experts;
+  std::vector<int32_t> route_count;
 };
 
 // The solved placement as its sidecar states it.
 struct PlacementSummary {
   bool solved = false;
   int64_t gpu_neurons = 0;  // FFN neurons the placement puts on the GPU, all layers
+  int64_t gpu_experts = 0;  // experts the placement puts on the GPU, all layers
   int64_t cpu_neurons = 0;
   uint64_t gpu_memory = 0;  // device bytes the placement uses
   std::string objective;    // "time" or "frequency"; "" when not solved

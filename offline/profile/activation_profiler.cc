@@ -57,7 +57,7 @@ ActivationProfiler::ActivationProfiler(const LlamaHparams& hparams, const Profil
       n_embd_(hparams.n_embd),
       n_ff_(hparams.n_ff),
       mask_words_((hparams.n_ff + 63) / 64),
-      magnitude_(hparams.activation == FfnActivation::kSilu),
+      magnitude_(hparams.activation == FfnActivation::kSilu && !hparams.is_moe()),
       layers_(hparams.n_layer),
       rng_(options.seed) {
   for (LayerStats& s : layers_) {
@@ -66,7 +66,10 @@ ActivationProfiler::ActivationProfiler(const LlamaHparams& hparams, const Profil
     s.abs_hist.assign(kAbsHistBins, 0);
     s.calibrated = !magnitude_;
   }
-  const int64_t cap = std::max<int64_t>(0, options_.max_samples);
+  n_expert_ = hparams.n_expert;
+  route_count_.assign(n_layer_, std::vector<uint64_t>(n_expert_, 0));
+  // An MoE model's samples would never be filled (its layers have no OnFfn).
+  const int64_t cap = hparams.is_moe() ? 0 : std::max<int64_t>(0, options_.max_samples);
   xs_.resize(n_layer_);
   masks_.resize(n_layer_);
   for (int64_t l = 0; l < n_layer_; ++l) {
@@ -132,6 +135,16 @@ void ActivationProfiler::OnFfn(int layer, const float* x, int64_t n_embd, const 
       const float* src = x + t * n_embd;
       for (int64_t j = 0; j < n_embd_; ++j) dst[j] = FloatToHalf(src[j]);
     }
+  }
+}
+
+void ActivationProfiler::OnRouting(int layer, const int32_t* selected, int64_t k,
+                                   int64_t n_tokens) {
+  if (layer == 0) StartBatch(n_tokens);
+  if (!batch_counted_) return;
+  std::vector<uint64_t>& count = route_count_[layer];
+  for (int64_t i = 0; i < n_tokens * k; ++i) {
+    if (selected[i] >= 0 && selected[i] < n_expert_) count[selected[i]]++;
   }
 }
 

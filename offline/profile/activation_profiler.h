@@ -6,6 +6,10 @@
 // 0, i.e. act != 0. SwiGLU has no exact zeros: the first `calibration_tokens` tokens only feed
 // a histogram of |act| per layer, from which the threshold for `target_sparsity` is taken;
 // counting and sampling start after them.
+//
+// In a mixture-of-experts model it counts instead, per layer and expert, the tokens the router
+// sends to the expert (OnRouting): the routing frequency the placement solver places experts
+// by. Such a model has no neuron statistics and no samples.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +63,7 @@ class ActivationProfiler final : public FfnObserver {
 
   void OnFfn(int layer, const float* x, int64_t n_embd, const float* act, int64_t n_ff,
              int64_t n_tokens) override;
+  void OnRouting(int layer, const int32_t* selected, int64_t k, int64_t n_tokens) override;
 
   int64_t n_layer() const { return n_layer_; }
   int64_t n_embd() const { return n_embd_; }
@@ -68,6 +73,10 @@ class ActivationProfiler final : public FfnObserver {
   int64_t observed_tokens() const { return observed_; }
   const LayerStats& layer(int l) const { return layers_[l]; }
   const ProfilerOptions& options() const { return options_; }
+  // Mixture of experts: n_expert > 0, and per layer the tokens routed to each expert (n_expert);
+  // each layer's counts sum to tokens() * n_expert_used.
+  int64_t n_expert() const { return n_expert_; }
+  const std::vector<uint64_t>& route_count(int layer) const { return route_count_[layer]; }
 
   int64_t num_samples() const { return filled_; }
   bool heldout(int64_t s) const { return heldout_[s] != 0; }
@@ -84,6 +93,8 @@ class ActivationProfiler final : public FfnObserver {
 
   ProfilerOptions options_;
   int64_t n_layer_, n_embd_, n_ff_, mask_words_;
+  int64_t n_expert_ = 0;
+  std::vector<std::vector<uint64_t>> route_count_;  // (n_layer, n_expert)
   bool magnitude_;
   std::vector<LayerStats> layers_;
   int64_t tokens_ = 0;

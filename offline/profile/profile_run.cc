@@ -46,6 +46,10 @@ class TeeObserver final : public FfnObserver {
     first_->OnFfn(layer, x, n_embd, act, n_ff, n_tokens);
     if (second_ != nullptr) second_->OnFfn(layer, x, n_embd, act, n_ff, n_tokens);
   }
+  void OnRouting(int layer, const int32_t* selected, int64_t k, int64_t n_tokens) override {
+    first_->OnRouting(layer, selected, k, n_tokens);
+    if (second_ != nullptr) second_->OnRouting(layer, selected, k, n_tokens);
+  }
 
  private:
   FfnObserver* first_;
@@ -65,7 +69,10 @@ absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& po
                                          const ProfileRunOptions& options,
                                          ProgressReporter* progress) {
   if (options.tokens <= 0) return absl::InvalidArgumentError("--tokens must be positive");
-  if (absl::Status s = RequireGatedFfn(model, "the activation profiler"); !s.ok()) return s;
+  // A mixture of experts is profiled for its routing (ActivationProfiler::OnRouting).
+  if (!model.hparams().is_moe()) {
+    if (absl::Status s = RequireGatedFfn(model, "the activation profiler"); !s.ok()) return s;
+  }
   int64_t chunk = std::min<int64_t>(options.chunk, model.hparams().n_ctx_train);
   if (chunk < 2) return absl::InvalidArgumentError("profiling chunk must be at least 2 tokens");
   // Dense, all on the CPU: the profile is the reference the predictors learn.

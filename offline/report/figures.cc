@@ -26,6 +26,8 @@ absl::Status WriteText(const std::string& dir, const std::string& name, const st
 
 absl::Status WriteProfilePlots(const PipelineResult& r, const std::string& dir) {
   const Sidecar& s = r.sidecar;
+  // A mixture of experts has routing counts (REPORT.json) and no neuron profile to plot.
+  if (s.n_expert > 0) return absl::OkStatus();
   std::vector<PlotSeries> freq, recall, active;
   for (size_t l = 0; l < s.layers.size(); ++l) {
     PlotSeries f;

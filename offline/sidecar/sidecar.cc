@@ -28,6 +28,12 @@ absl::Status CheckSidecarMatches(const Sidecar& s, const LlamaModel& model) {
         s.n_embd, ", n_ff ", s.n_ff, " ('", s.model_name, "'), this model has ", hp.n_layer,
         " layers, n_embd ", hp.n_embd, ", n_ff ", hp.n_ff, redo));
   }
+  if (s.n_expert != hp.n_expert || s.n_expert_used != hp.n_expert_used) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sidecar belongs to another model: it was made for ", s.n_expert,
+                     " experts (", s.n_expert_used, " used), this model has ", hp.n_expert, " (",
+                     hp.n_expert_used, " used)", redo));
+  }
   const std::string identity = ModelIdentity(model.gguf());
   if (s.model_identity != identity) {
     return absl::FailedPreconditionError(

@@ -17,7 +17,10 @@
 
 namespace thermocline::offline {
 
-constexpr uint32_t kSidecarFormatVersion = 1;
+// Version 2 added the experts section (thermocline.experts.*, blk.N.expert_route_count,
+// blk.N.expert_gpu); version 1 files, which have none, still load.
+constexpr uint32_t kSidecarFormatVersion = 2;
+constexpr uint32_t kOldestSidecarFormatVersion = 1;
 constexpr int kQuantileLevels = 101;  // |act| quantiles at 0.00, 0.01, ..., 1.00
 
 struct SidecarLayer {
@@ -38,6 +41,9 @@ struct SidecarLayer {
   bool attention_gpu = false;
   int64_t n_gpu = 0;
   std::vector<int32_t> neuron_order;  // (n_ff)
+  // Mixture of experts (empty otherwise; the neuron statistics above are then empty too).
+  std::vector<int32_t> expert_route_count;  // (n_expert) tokens the router sent to each expert
+  std::vector<int32_t> expert_gpu;          // (n_expert) placement: 1 on the GPU, 0 on the CPU
 };
 
 struct SidecarPlacement {
@@ -62,6 +68,7 @@ struct Sidecar {
   std::string model_identity;
   std::string model_name;
   int64_t n_layer = 0, n_embd = 0, n_ff = 0;
+  int64_t n_expert = 0, n_expert_used = 0;  // 0: not a mixture of experts
   std::string activation;  // ActivationName()
   std::string corpus_kind;
   std::string corpus_hash;

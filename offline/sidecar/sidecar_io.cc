@@ -109,6 +109,10 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
   w.SetUint32(Key("model.n_embd"), static_cast<uint32_t>(s.n_embd));
   w.SetUint32(Key("model.n_ff"), static_cast<uint32_t>(s.n_ff));
   w.SetString(Key("model.activation"), s.activation);
+  if (s.n_expert > 0) {
+    w.SetUint32(Key("experts.count"), static_cast<uint32_t>(s.n_expert));
+    w.SetUint32(Key("experts.used_count"), static_cast<uint32_t>(s.n_expert_used));
+  }
   w.SetString(Key("profile.source"), s.corpus_kind);
   w.SetString(Key("profile.corpus_hash"), s.corpus_hash);
   w.SetUint64(Key("profile.tokens"), static_cast<uint64_t>(s.tokens));
@@ -156,6 +160,22 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const SidecarLayer& L = s.layers[l];
     const Predictor& pr = L.predictor;
+    if (s.n_expert > 0) {
+      const int64_t e = s.n_expert;
+      if (absl::Status st = w.AddTensorCopy(TensorName(l, "expert_route_count"), GgmlType::kI32,
+                                            {e}, Bytes(L.expert_route_count));
+          !st.ok()) {
+        return st;
+      }
+      if (p.present) {
+        if (absl::Status st = w.AddTensorCopy(TensorName(l, "expert_gpu"), GgmlType::kI32, {e},
+                                              Bytes(L.expert_gpu));
+            !st.ok()) {
+          return st;
+        }
+      }
+      continue;
+    }
     const std::vector<std::pair<std::string, absl::Status>> adds = {
         {"fire_count",
          w.AddTensorCopy(TensorName(l, "fire_count"), GgmlType::kI32, {f}, Bytes(L.fire_count))},
@@ -199,10 +219,11 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
         absl::StrCat("'", path, "' is not a Thermocline sidecar (no thermocline.format_version)"));
   }
   s.format_version = static_cast<uint32_t>(*version->AsUint());
-  if (s.format_version != kSidecarFormatVersion) {
+  if (s.format_version < kOldestSidecarFormatVersion ||
+      s.format_version > kSidecarFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "sidecar '", path, "' has format version ", s.format_version, ", this build reads version ",
-        kSidecarFormatVersion, " (", s.format_version < kSidecarFormatVersion ? "older" : "newer",
+        "sidecar '", path, "' has format version ", s.format_version, ", this build reads versions ",
+        kOldestSidecarFormatVersion, " to ", kSidecarFormatVersion, " (", s.format_version < kSidecarFormatVersion ? "older" : "newer",
         " format); run `thermocline profile` again to make a current sidecar"));
   }
   auto str = [&](const std::string& k) { return f.GetString(Key(k)); };
@@ -233,6 +254,15 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
   }
   if (s.n_layer <= 0 || s.n_layer > 4096 || s.n_embd <= 0 || s.n_ff <= 0) {
     return Corrupt(path, "model shape keys are out of range");
+  }
+  if (f.Find(Key("experts.count")) != nullptr) {
+    auto count = num("experts.count");
+    auto used = num("experts.used_count");
+    if (!count.ok() || !used.ok() || *count < 1 || *count > 4096 || *used < 1 || *used > *count) {
+      return Corrupt(path, "experts keys are missing or out of range");
+    }
+    s.n_expert = *count;
+    s.n_expert_used = *used;
   }
   const int64_t L = s.n_layer, d = s.n_embd, nf = s.n_ff;
   s.layers.resize(L);
@@ -306,6 +336,22 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
   for (int64_t l = 0; l < L; ++l) {
     SidecarLayer& y = s.layers[l];
     Predictor& pr = y.predictor;
+    if (s.n_expert > 0) {  // experts: routing counts and placement, no neuron statistics
+      const int64_t e = s.n_expert;
+      absl::Status st = ReadTensor(f, TensorName(l, "expert_route_count"), GgmlType::kI32, {e},
+                                   &unused_floats, &y.expert_route_count);
+      if (st.ok() && p.present) {
+        st = ReadTensor(f, TensorName(l, "expert_gpu"), GgmlType::kI32, {e}, &unused_floats,
+                        &y.expert_gpu);
+        for (int32_t v : y.expert_gpu) {
+          if (st.ok() && v != 0 && v != 1) {
+            st = Corrupt(path, absl::StrCat(TensorName(l, "expert_gpu"), " holds ", v));
+          }
+        }
+      }
+      if (!st.ok()) return st;
+      continue;
+    }
     absl::Status st = ReadTensor(f, TensorName(l, "fire_count"), GgmlType::kI32, {nf},
                                  &unused_floats, &y.fire_count);
     if (st.ok())

@@ -66,7 +66,8 @@ absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p, const Solv
   for (size_t l = 0; l < L; ++l) {
     const LayerCosts& C = p.layers[l];
     const double attn_time_delta = (C.attn_bytes + C.kv_read_bytes) * (1.0 / g - 1.0 / c) * kMicro;
-    a[l] = lp.Add(time ? attn_time_delta : -kFrequencyTieBreak, true);
+    // Experts: attention stays on the CPU (a[l] and o fixed at 0).
+    a[l] = lp.Add(time ? attn_time_delta : -kFrequencyTieBreak, true, 0, p.experts ? 0 : 1);
     u[l] = lp.Add(0, true);
     if (time) {
       w[l] = lp.Add(p.sync_s * kMicro, true);
@@ -85,7 +86,8 @@ absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p, const Solv
     }
   }
   const int o =
-      lp.Add(time ? p.output_bytes * (1.0 / g - 1.0 / c) * kMicro : -kFrequencyTieBreak, true);
+      lp.Add(time ? p.output_bytes * (1.0 / g - 1.0 / c) * kMicro : -kFrequencyTieBreak, true, 0,
+             p.experts ? 0 : 1);
   mem_idx.push_back(o);
   mem_coef.push_back(p.output_bytes / kMiB);
   lp.rows.setDimensions(0, static_cast<int>(lp.obj.size()));

@@ -139,7 +139,7 @@ std::vector<ModelledLayer> ModelledLayerTimes(const PlacementProblem& p, const S
 }
 
 double MinimumUsefulBudget(const PlacementProblem& p) {
-  double best = p.output_bytes > 0 ? p.output_bytes : INFINITY;
+  double best = p.output_bytes > 0 && !p.experts ? p.output_bytes : INFINITY;
   for (size_t l = 0; l < p.layers.size(); ++l) {
     const LayerCosts& L = p.layers[l];
     // The fewest neurons reaching the minimum: buckets are equal except possibly a smaller
@@ -152,7 +152,7 @@ double MinimumUsefulBudget(const PlacementProblem& p) {
       n = std::min(n, small + (std::max<int64_t>(0, m - small) + full - 1) / full * full);
     n = std::min(n, L.n_ff);
     best = std::min(best, n * L.bytes_per_neuron + L.predictor_bytes);
-    if (L.attn_bytes > 0) best = std::min(best, L.attn_bytes + L.kv_bytes);
+    if (L.attn_bytes > 0 && !p.experts) best = std::min(best, L.attn_bytes + L.kv_bytes);
   }
   return best;
 }
@@ -162,6 +162,7 @@ absl::StatusOr<PlacementProblem> BuildPlacementProblem(const LlamaModel& model,
                                                        const HardwareProfile& hw,
                                                        const ProblemOptions& options) {
   const LlamaHparams& hp = model.hparams();
+  if (hp.is_moe()) return BuildExpertPlacementProblem(model, sidecar, hw, options);
   if (options.bucket_size < 1) return absl::InvalidArgumentError("--bucket must be >= 1");
   if (sidecar.tokens <= 0) return absl::FailedPreconditionError("sidecar has no profile");
   if (hw.cpu_bandwidth_gbps <= 0) {

@@ -44,6 +44,11 @@ struct PlacementProblem {
   double cpu_bytes_per_s = 1;
   double sync_s = 0;    // per layer that uses the GPU
   int64_t context = 0;  // KV cache length the memory figures are for
+  // A mixture of experts (BuildExpertPlacementProblem): bucket b of a layer is one whole expert,
+  // its neuron ids e * n_ff_exp ... (e + 1) * n_ff_exp - 1; attention and the head stay on the
+  // CPU (the placed MoE FFN has no GPU layers).
+  bool experts = false;
+  int64_t n_ff_exp = 0;
   // The minimum-neurons rule as applied to layer l (at least 1, at most the layer's size).
   int64_t MinNeurons(size_t l) const;
 };
@@ -96,9 +101,23 @@ struct ProblemOptions {
   double budget_bytes = 0;   // the whole cap (--gpu-memory); scratch is taken off it
 };
 
+// A mixture of experts is built by BuildExpertPlacementProblem.
 absl::StatusOr<PlacementProblem> BuildPlacementProblem(const LlamaModel& model,
                                                        const Sidecar& sidecar,
                                                        const HardwareProfile& hw,
                                                        const ProblemOptions& options);
+
+// The experts of a mixture of experts as units: per layer one bucket per expert, hottest first,
+// of n_ff_exp "neurons" whose bytes are engine/gpu/device_memory.h's ExpertDeviceBytes (so a
+// placement solved under a cap fits the runtime's budget), its frequency and work the expert's
+// routing frequency (tokens routed / tokens) times n_ff_exp rows computed. Under the time
+// objective an expert's value is what moving its expected rows off the CPU saves; under the
+// frequency objective its routing frequency. The minimum per GPU-using layer is one expert.
+absl::StatusOr<PlacementProblem> BuildExpertPlacementProblem(const LlamaModel& model,
+                                                             const Sidecar& sidecar,
+                                                             const HardwareProfile& hw,
+                                                             const ProblemOptions& options);
+// The experts of layer l a placement puts on the GPU, ascending.
+std::vector<int32_t> GpuExperts(const PlacementProblem& p, const Placement& x, size_t l);
 
 }  // namespace thermocline::offline

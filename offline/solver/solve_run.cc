@@ -46,6 +46,16 @@ void ApplyPlacement(const PlacementRun& run, Sidecar& s) {
   int64_t gpu_neurons = 0, neurons = 0;
   for (size_t l = 0; l < p.layers.size(); ++l) {
     SidecarLayer& y = s.layers[l];
+    if (p.experts) {  // whole experts: the layer's expert flags, no neuron tables
+      y.expert_gpu.assign(s.n_expert, 0);
+      for (int32_t e : GpuExperts(p, x, l)) y.expert_gpu[e] = 1;
+      y.n_gpu = 0;
+      y.neuron_order.clear();
+      y.attention_gpu = false;
+      gpu_neurons += x.GpuNeurons(p, l);
+      neurons += p.layers[l].n_ff;
+      continue;
+    }
     std::vector<int32_t> gpu, cpu;
     for (size_t b = 0; b < p.layers[l].buckets.size(); ++b) {
       auto& dst = x.gpu_bucket[l][b] ? gpu : cpu;
@@ -95,10 +105,12 @@ nlohmann::json PlacementJson(const PlacementRun& run) {
       run.objective == Objective::kTime ? Objective::kFrequency : Objective::kTime;
   nlohmann::json layers = nlohmann::json::array();
   for (size_t l = 0; l < p.layers.size(); ++l) {
-    layers.push_back({{"layer", l},
-                      {"gpu_neurons", run.chosen.placement.GpuNeurons(p, l)},
-                      {"n_ff", p.layers[l].n_ff},
-                      {"attention_gpu", run.chosen.placement.attention_gpu[l] != 0}});
+    nlohmann::json layer = {{"layer", l},
+                            {"gpu_neurons", run.chosen.placement.GpuNeurons(p, l)},
+                            {"n_ff", p.layers[l].n_ff},
+                            {"attention_gpu", run.chosen.placement.attention_gpu[l] != 0}};
+    if (p.experts) layer["gpu_experts"] = GpuExperts(p, run.chosen.placement, l);
+    layers.push_back(std::move(layer));
   }
   return {{"hardware", run.hardware.name},
           {"gpu_budget_bytes", p.budget_bytes},

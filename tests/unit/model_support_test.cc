@@ -170,9 +170,10 @@ TEST_CASE("paths that compute only llama's layer refuse other families", "[model
   }
   CHECK_THAT(std::string(RequireGatedFfn(moe, "the profiler").message()),
              Catch::Contains("mixture of experts"));
-  offline::ActivationProfiler profiler(moe.hparams(), offline::ProfilerOptions{});
+  // A mixture of experts is profiled for its routing (moe_test.cc); the GELU-gated FFN is not.
+  offline::ActivationProfiler profiler(gemma2.hparams(), offline::ProfilerOptions{});
   offline::ProfileRunOptions po;
-  auto run = offline::RunProfile(moe, pool, profiler, po, nullptr);
+  auto run = offline::RunProfile(gemma2, pool, profiler, po, nullptr);
   CHECK(run.status().code() == absl::StatusCode::kFailedPrecondition);
 }
 

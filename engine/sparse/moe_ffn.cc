@@ -1,0 +1,201 @@
+// The placed MoE FFN: device experts through the device's FFN executor, the rest on the host.
+#include "engine/sparse/moe_ffn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/cpu_ops.h"
+#include "engine/model/moe_route.h"
+
+namespace thermocline {
+
+absl::StatusOr<std::shared_ptr<const ExpertWeights>> ExpertWeights::Build(
+    const LlamaModel& model, std::vector<SparseLayerPlan> layers, ThreadPool& pool) {
+  const LlamaHparams& h = model.hparams();
+  if (!h.is_moe()) {
+    return absl::FailedPreconditionError("an expert placement needs a mixture-of-experts model");
+  }
+  if (static_cast<int64_t>(layers.size()) != h.n_layer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the expert plan has ", layers.size(), " layers, the model ", h.n_layer));
+  }
+  std::shared_ptr<ExpertWeights> w(new ExpertWeights(model));
+  w->slot_.assign(h.n_layer * h.n_expert, -1);
+  w->all_neurons_.resize(h.n_ff_exp);
+  std::iota(w->all_neurons_.begin(), w->all_neurons_.end(), 0);
+  for (int64_t l = 0; l < h.n_layer; ++l) {
+    for (int32_t e : layers[l].device_experts) {
+      if (e < 0 || e >= h.n_expert || w->slot_[l * h.n_expert + e] >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", l, ": device expert ", e, " is out of range or listed twice (the model has ",
+            h.n_expert, " experts); solve the placement again for this model"));
+      }
+      absl::StatusOr<OwnedWeight> down_t = TransposeWeight(pool, model.layers()[l].expert_down[e]);
+      if (!down_t.ok()) return down_t.status();
+      w->slot_[l * h.n_expert + e] = static_cast<int32_t>(w->owner_.size());
+      w->owner_.emplace_back(l, e);
+      w->down_t_.push_back(*std::move(down_t));
+    }
+  }
+  w->plan_ = std::move(layers);
+  return std::shared_ptr<const ExpertWeights>(std::move(w));
+}
+
+gpu::GpuFfnSpec ExpertWeights::DeviceSpec() const {
+  const LlamaHparams& h = model_.hparams();
+  gpu::GpuFfnSpec spec;
+  spec.n_embd = h.n_embd;
+  spec.n_ff = h.n_ff_exp;
+  spec.activation = h.activation;
+  for (size_t s = 0; s < owner_.size(); ++s) {
+    const auto [l, e] = owner_[s];
+    const LayerWeights& L = model_.layers()[l];
+    gpu::GpuFfnLayerSpec y;
+    y.gate = L.expert_gate[e];
+    y.up = L.expert_up[e];
+    y.down_t = down_t_[s].view;
+    y.device_neurons = all_neurons_;
+    spec.layers.push_back(y);
+  }
+  return spec;
+}
+
+uint64_t ExpertWeights::bytes() const {
+  uint64_t b = 0;
+  for (const OwnedWeight& w : down_t_) b += w.data.size();
+  return b;
+}
+
+MoeFfn::MoeFfn(std::shared_ptr<const ExpertWeights> weights, ThreadPool* pool,
+               const MoeFfnOptions& options)
+    : weights_(std::move(weights)), model_(weights_->model()), pool_(pool), options_(options) {
+  const LlamaHparams& h = model_.hparams();
+  const int64_t widest = std::max(h.n_ff_exp, h.n_ff_shexp);
+  router_.resize(h.n_expert);
+  sel_.resize(h.n_expert_used);
+  sel_w_.resize(h.n_expert_used);
+  gate_.resize(widest);
+  up_.resize(widest);
+  eo_.resize(h.n_embd);
+  dev_out_.resize(h.n_embd);
+  scratch_.Reserve(1, std::max({h.n_embd, widest}));
+}
+
+absl::StatusOr<std::unique_ptr<MoeFfn>> MoeFfn::Create(std::shared_ptr<const ExpertWeights> weights,
+                                                       ThreadPool* pool,
+                                                       const MoeFfnOptions& options) {
+  std::unique_ptr<MoeFfn> f(new MoeFfn(std::move(weights), pool, options));
+  if (options.device == nullptr || f->weights_->n_device_experts() == 0) return f;
+  gpu::GpuFfnSpec spec = f->weights_->DeviceSpec();
+  spec.memory_cap = options.gpu_memory;
+  spec.budget = options.budget;
+  spec.queue = options.queue;
+  spec.device = options.device_index;
+  absl::StatusOr<std::unique_ptr<gpu::GpuFfnExecutor>> e = options.device->CreateFfnExecutor(spec);
+  if (e.ok()) {
+    f->executor_ = *std::move(e);
+    f->device_status_ = absl::OkStatus();
+  } else if (absl::IsUnavailable(e.status())) {
+    f->device_status_ = e.status();  // no device: every expert on the host
+  } else {
+    return e.status();
+  }
+  return f;
+}
+
+void MoeFfn::Forward(int layer, const float* x, const float* xn, int64_t n, float* out) {
+  if (n > 1 && options_.dense_prefill && session_ != nullptr) {
+    session_->DenseFfn(layer, x, xn, n, out);
+    return;
+  }
+  const int64_t d = model_.hparams().n_embd;
+  for (int64_t t = 0; t < n; ++t) Token(layer, xn + t * d, out + t * d);
+}
+
+void MoeFfn::HostExpert(int layer, int64_t e, const float* xn, float w, float* acc) {
+  const LlamaHparams& h = model_.hparams();
+  const LayerWeights& L = model_.layers()[layer];
+  MatMul(*pool_, L.expert_gate[e], xn, 1, gate_.data(), scratch_);
+  MatMul(*pool_, L.expert_up[e], xn, 1, up_.data(), scratch_);
+  GatedActivation(h.activation, gate_.data(), up_.data(), h.n_ff_exp);
+  MatMul(*pool_, L.expert_down[e], gate_.data(), 1, eo_.data(), scratch_);
+  for (int64_t c = 0; c < h.n_embd; ++c) acc[c] += w * eo_[c];
+  ++host_calls_;
+}
+
+void MoeFfn::Token(int layer, const float* xn, float* out) {
+  const LlamaHparams& h = model_.hparams();
+  const LayerWeights& L = model_.layers()[layer];
+  const int64_t d = h.n_embd, k = h.n_expert_used;
+  MatMul(*pool_, L.ffn_gate_inp, xn, 1, router_.data(), scratch_);
+  RouteTopK(h, router_.data(), 1, sel_.data(), sel_w_.data());
+  std::fill_n(out, d, 0.0f);
+  if (options_.all_experts) {
+    for (int64_t e = 0; e < h.n_expert; ++e) {
+      float w = 0;
+      for (int64_t j = 0; j < k; ++j) w = sel_[j] == e ? sel_w_[j] : w;
+      HostExpert(layer, e, xn, w, out);
+    }
+  } else {
+    // The first device expert runs while the host computes its own experts; any further device
+    // experts follow it one by one (the executor holds one launch at a time).
+    const bool device = on_device();
+    int64_t launched = -1;
+    if (device) {
+      for (int64_t j = 0; j < k && launched < 0; ++j) {
+        const int32_t slot = weights_->slot(layer, sel_[j]);
+        if (slot < 0) continue;
+        if (absl::Status st = executor_->Launch(slot, xn, nullptr, 0); !st.ok()) {
+          device_failed_ = true;
+          device_status_ = absl::Status(
+              st.code(), absl::StrCat("the device experts failed and run on the CPU from now on: ",
+                                      st.message()));
+          break;
+        }
+        launched = j;
+      }
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      if (j == launched || (device && !device_failed_ && weights_->slot(layer, sel_[j]) >= 0)) {
+        continue;
+      }
+      HostExpert(layer, sel_[j], xn, sel_w_[j], out);
+    }
+    for (int64_t j = launched; j >= 0 && j < k; ++j) {
+      const int32_t slot = weights_->slot(layer, sel_[j]);
+      if (slot < 0) continue;
+      if (device_failed_) {
+        HostExpert(layer, sel_[j], xn, sel_w_[j], out);
+        continue;
+      }
+      absl::Status st = absl::OkStatus();
+      if (j != launched) st = executor_->Launch(slot, xn, nullptr, 0);
+      if (st.ok()) st = executor_->Wait(dev_out_.data(), nullptr, nullptr);
+      if (!st.ok()) {
+        device_failed_ = true;
+        device_status_ = absl::Status(
+            st.code(), absl::StrCat("the device experts failed and run on the CPU from now on: ",
+                                    st.message()));
+        HostExpert(layer, sel_[j], xn, sel_w_[j], out);
+        continue;
+      }
+      const float w = sel_w_[j];
+      for (int64_t c = 0; c < d; ++c) out[c] += w * dev_out_[c];
+      ++device_calls_;
+    }
+  }
+  if (L.shexp_gate.data == nullptr) return;
+  // The shared expert (qwen2moe), on the host, scaled by its sigmoid gate.
+  MatMul(*pool_, L.shexp_gate, xn, 1, gate_.data(), scratch_);
+  MatMul(*pool_, L.shexp_up, xn, 1, up_.data(), scratch_);
+  GatedActivation(h.activation, gate_.data(), up_.data(), h.n_ff_shexp);
+  MatMul(*pool_, L.shexp_down, gate_.data(), 1, eo_.data(), scratch_);
+  double g = 0;
+  for (int64_t c = 0; c < d; ++c) g += static_cast<double>(L.shexp_gate_inp[c]) * xn[c];
+  const float wgt = static_cast<float>(1.0 / (1.0 + std::exp(-g)));
+  for (int64_t c = 0; c < d; ++c) out[c] += wgt * eo_[c];
+}
+
+}  // namespace thermocline
