@@ -32,8 +32,17 @@ def start(binary, model, threads, extra):
     marker = "listening on http://127.0.0.1:"
     for line in proc.stdout:
         if marker in line:
-            return proc, int(line.split(marker)[1].split()[0].strip("/"))
-    raise RuntimeError("the daemon did not start")
+            port = int(line.split(marker)[1].split()[0].strip("/"))
+            break
+    else:
+        raise RuntimeError("the daemon did not start")
+    for _ in range(600):  # until the model is loaded
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/health")
+        if conn.getresponse().status == 200:
+            return proc, port
+        time.sleep(0.05)
+    raise RuntimeError("the daemon did not become healthy")
 
 
 def chat(port, messages):
@@ -90,7 +99,7 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     binary, model = sys.argv[1], sys.argv[2]
-    words = int(sys.argv[3]) if len(sys.argv) > 3 else 380
+    words = int(sys.argv[3]) if len(sys.argv) > 3 else 240
     reps = int(sys.argv[4]) if len(sys.argv) > 4 else 5
     threads = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     for name, extra in (("cache", []), ("no cache", ["--no-prompt-cache"])):
