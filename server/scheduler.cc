@@ -83,7 +83,9 @@ void Scheduler::DispatchLocked() {
     for (int s = 0; s < n; ++s) {
       if (running_[s] != nullptr) continue;
       const DecodeLoop::PrefixMatch m = loops_[s]->CachedPrefix(*job.model, job.request.prompt);
-      const int64_t shared = m.shared > 0 && 2 * m.shared >= m.held ? m.shared : 0;
+      const int64_t n_prompt = static_cast<int64_t>(job.request.prompt.size());
+      const bool continues = 2 * m.shared >= m.held || 2 * m.shared >= n_prompt;
+      const int64_t shared = m.shared > 0 && continues ? m.shared : 0;
       if (shared > best_shared || (shared == best_shared && last_used_[s] < last_used_[best])) {
         best = s;
         best_shared = shared;

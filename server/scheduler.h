@@ -3,10 +3,10 @@
 // scheduler decides which job runs where and when; it never touches tensors. Jobs leave the
 // queue oldest first (no job waits behind a later one); each goes to the idle slot whose KV
 // cache holds the longest prefix of its prompt (the prefix cache, decode_loop.h), counting only
-// slots whose cache the job continues (the shared prefix is at least half of what the slot
-// holds: a chat template's opening alone does not make another conversation's slot a match,
-// and taking it would evict that conversation), else to the idle slot used least recently,
-// whose cache is the least likely to be wanted again.
+// slots where the shared prefix is at least half of what the slot holds or of the job's prompt
+// (a chat template's opening alone does not make another conversation's slot a match, and
+// taking it would evict that conversation), else to the idle slot used least recently, whose
+// cache is the least likely to be wanted again.
 #pragma once
 
 #include <condition_variable>
