@@ -194,6 +194,7 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   sched.Get<double>("request_timeout_s", &c->request_timeout_s);
   sched.Get<int64_t>("retry_after_s", &c->retry_after_s);
   sched.Get<int64_t>("max_batch", &c->max_batch);
+  sched.Get<bool>("prompt_cache", &c->prompt_cache);
   if (absl::Status s = sched.Finish(); !s.ok()) return s;
 
   SamplingParams& p = c->sampling;
@@ -207,6 +208,7 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   samp.Get<int64_t>("max_tokens", &c->default_max_tokens);
   samp.Get<int64_t>("max_stop_strings", &c->max_stop_strings);
   samp.Get<int64_t>("max_stop_length", &c->max_stop_length);
+  samp.Get<std::string>("context_overflow", &c->context_overflow);
   if (absl::Status s = samp.Finish(); !s.ok()) return s;
 
   TableReader log(root["log"].as_table(), "log.");
@@ -216,6 +218,7 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
 
   TableReader debug(root["debug"].as_table(), "debug.");
   debug.Get<int64_t>("decode_delay_ms", &c->decode_delay_ms);
+  debug.Get<int64_t>("prefill_delay_ms", &c->prefill_delay_ms);
   debug.Get<int64_t>("job_stage_delay_ms", &c->job_stage_delay_ms);
   if (absl::Status s = debug.Finish(); !s.ok()) return s;
 
@@ -282,6 +285,7 @@ absl::Status FinalizeConfig(ServerConfig* c) {
         range("sampling.max_stop_strings", c->max_stop_strings, 0, 1024),
         range("sampling.max_stop_length", c->max_stop_length, 1, 1 << 16),
         range("debug.decode_delay_ms", c->decode_delay_ms, 0, 60000),
+        range("debug.prefill_delay_ms", c->prefill_delay_ms, 0, 60000),
         range("debug.job_stage_delay_ms", c->job_stage_delay_ms, 0, 600000),
         range("registry.jobs", c->jobs, 1, 64),
         range("registry.model_memory_budget", c->model_memory_budget, 0, int64_t{1} << 50),
@@ -289,6 +293,10 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     if (!s.ok()) return s;
   }
   if (!(c->request_timeout_s >= 0)) return KeyError("scheduler.request_timeout_s", "must be >= 0");
+  if (c->context_overflow != "refuse" && c->context_overflow != "truncate") {
+    return KeyError("sampling.context_overflow",
+                    absl::StrCat("is '", c->context_overflow, "'; it must be refuse or truncate"));
+  }
   if (absl::Status s = c->sampling.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("[sampling]: ", s.message()));
   }

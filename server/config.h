@@ -66,10 +66,17 @@ struct ServerConfig {
   double request_timeout_s = 600;  // deadline from arrival; 0: none
   int retry_after_s = 1;
   int64_t max_batch = 64;  // prefill chunk
+  // Each slot keeps the tokens of its KV cache; a request reuses the prefix it shares with them
+  // and a request goes to the free slot that holds most of its prompt. false: every request
+  // prefills its whole prompt.
+  bool prompt_cache = true;
 
   // [sampling]: what a request that omits a field gets.
   SamplingParams sampling;
   int32_t default_max_tokens = 0;  // 0: until the context is full
+  // A chat request whose prompt and max_tokens do not fit the context: "refuse" (400) or
+  // "truncate" (drop the oldest non-system messages until it fits). Requests may override it.
+  std::string context_overflow = "refuse";
   int max_stop_strings = 16;
   int max_stop_length = 256;
 
@@ -95,6 +102,7 @@ struct ServerConfig {
 
   // [debug]
   int decode_delay_ms = 0;     // sleep after each token: makes the tiny test models slow
+  int prefill_delay_ms = 0;    // sleep between prefill chunks: makes prefill slow to cancel
   int job_stage_delay_ms = 0;  // sleep after each job stage: makes jobs slow enough to interrupt
 
   std::vector<ModelConfig> models;  // [[models]]

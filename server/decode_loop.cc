@@ -13,6 +13,15 @@ namespace {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// The length of the common prefix of what the KV cache holds and the prompt, less the last
+// prompt token: that one is evaluated again for the logits of the first generated token.
+int64_t ReusablePrefix(const std::vector<int32_t>& cached, absl::Span<const int32_t> prompt) {
+  const size_t limit = std::min(cached.size(), prompt.empty() ? 0 : prompt.size() - 1);
+  size_t n = 0;
+  while (n < limit && cached[n] == prompt[n]) ++n;
+  return static_cast<int64_t>(n);
+}
+
 }  // namespace
 
 // The per-token callback of one job: metrics, logprobs, the stop strings, streaming to the
@@ -127,8 +136,27 @@ absl::Status DecodeLoop::AddModel(const std::shared_ptr<const LoadedModel>& mode
 }
 
 void DecodeLoop::Drop(PerModel& m) {
+  m.tokens.clear();
   m.session.reset();
   m.model.reset();
+}
+
+DecodeLoop::PerModel* DecodeLoop::Current(const LoadedModel& model) {
+  const size_t index = static_cast<size_t>(model.served->index);
+  if (index >= models_.size()) return nullptr;
+  PerModel& m = models_[index];
+  if (m.model.get() != &model || m.session == nullptr) return nullptr;
+  if (&m.session->engine() != model.engine().get()) return nullptr;  // replaced on its next job
+  return &m;
+}
+
+DecodeLoop::PrefixMatch DecodeLoop::CachedPrefix(const LoadedModel& model,
+                                                 absl::Span<const int32_t> prompt) {
+  if (!options_.prompt_cache) return {};
+  std::lock_guard<std::mutex> lock(models_mu_);
+  const PerModel* m = Current(model);
+  if (m == nullptr) return {};
+  return {ReusablePrefix(m->tokens, prompt), static_cast<int64_t>(m->tokens.size())};
 }
 
 void DecodeLoop::ReleaseUnloaded() {
@@ -147,7 +175,8 @@ void DecodeLoop::Finish() {
   ReleaseUnloaded();
 }
 
-absl::StatusOr<Session*> DecodeLoop::Prepare(const std::shared_ptr<const LoadedModel>& loaded) {
+absl::StatusOr<DecodeLoop::PerModel*> DecodeLoop::Prepare(
+    const std::shared_ptr<const LoadedModel>& loaded) {
   const LoadedModel& model = *loaded;
   const size_t index = static_cast<size_t>(model.served->index);
   std::lock_guard<std::mutex> lock(models_mu_);
@@ -158,6 +187,7 @@ absl::StatusOr<Session*> DecodeLoop::Prepare(const std::shared_ptr<const LoadedM
   const std::shared_ptr<const Engine> engine = model.engine();
   if (m.session != nullptr && &m.session->engine() != engine.get()) {
     m.session.reset();  // the model's engine changed (a sidecar arrived): a session on the new one
+    m.tokens.clear();
   }
   if (m.session == nullptr) {
     absl::StatusOr<std::unique_ptr<EngineSession>> session = engine->NewSession(&pool_);
@@ -169,7 +199,7 @@ absl::StatusOr<Session*> DecodeLoop::Prepare(const std::shared_ptr<const LoadedM
       spdlog::warn("model '{}': a slot's session: {}", model.config().name, p.note);
     }
   }
-  return &m.session->session();
+  return &m;
 }
 
 DecodeLoop::Outcome DecodeLoop::Run(Job& job) {
@@ -197,10 +227,13 @@ StopReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* 
     *error = prepared.status();
     return StopReason::kError;
   }
-  Session& session = **prepared;
+  PerModel& m = **prepared;  // this slot's alone while the job runs
+  Session& session = m.session->session();
   const int32_t n_vocab = static_cast<int32_t>(session.model().hparams().n_vocab);
-  session.Reset();
+  const int64_t cached = options_.prompt_cache ? ReusablePrefix(m.tokens, r.prompt) : 0;
+  session.Truncate(cached);  // the KV cache's positions past the shared prefix are forgotten
   stats->prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  stats->cached_tokens = cached;
 
   GenerateOptions options;
   options.max_tokens = r.max_tokens;
@@ -209,16 +242,36 @@ StopReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* 
   options.stop_tokens = r.stop_tokens;
   options.logit_bias = r.logit_bias;
   options.raw_logits = r.logprobs;
+  options.cached_prompt = cached;
+  options.cancel_prefill = [&job, delay_ms = options_.prefill_delay_ms] {
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    if (!job.cancelled() && Clock::now() >= job.deadline) job.Cancel(CancelReason::kDeadline);
+    return job.cancelled();
+  };
   TokenSink sink(job, stats, metrics_, options_.decode_delay_ms, &stop_, &pending_logprobs_);
   absl::StatusOr<GenerationResult> result =
       thermocline::Generate(session, r.prompt, options, [&](const GeneratedToken& t) {
         return sink.OnToken(t, n_vocab);
       });
+  // What the KV cache holds now: the first n_past tokens of prompt + output.
+  std::vector<int32_t> tokens;
+  if (result.ok()) {
+    tokens.reserve(r.prompt.size() + result->tokens.size());
+    tokens.assign(r.prompt.begin(), r.prompt.end());
+    tokens.insert(tokens.end(), result->tokens.begin(), result->tokens.end());
+    tokens.resize(std::min<size_t>(tokens.size(), static_cast<size_t>(session.n_past())));
+  } else {
+    session.Reset();  // a failed evaluation leaves nothing worth keeping
+  }
+  {
+    std::lock_guard<std::mutex> lock(models_mu_);  // CachedPrefix reads it from other threads
+    m.tokens = std::move(tokens);
+  }
   if (!result.ok()) {
     *error = result.status();
     return StopReason::kError;
   }
-  metrics_->AddPromptTokens(stats->prompt_tokens);
+  metrics_->AddPromptTokens(stats->prompt_tokens, result->prompt_cached, result->prompt_computed);
   switch (result->stop_reason) {
     case StopReason::kStopSequence:  // its text is emitted, the rest dropped
     case StopReason::kCancelled:

@@ -137,6 +137,8 @@ void GenerateStream::OnFinish(StopReason reason, CancelReason cancel,
       usage->set_prompt_tokens(stats.prompt_tokens);
       usage->set_completion_tokens(stats.completion_tokens);
       usage->set_total_tokens(stats.prompt_tokens + stats.completion_tokens);
+      usage->set_cached_tokens(stats.cached_tokens);
+      usage->set_truncated_messages(job_->request.truncated_messages);
       pb::Timings* t = pending_.mutable_timings();
       t->set_queue_seconds(stats.queue_seconds);
       t->set_time_to_first_token_seconds(stats.ttft_seconds);

@@ -49,6 +49,11 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
   access.prompt_tokens = static_cast<int64_t>(job->request.prompt.size());
   ResponseMeta meta = NewResponseMeta(job->request, job->model->tokenizer());
   const bool stream = job->request.stream;
+  // context_overflow "truncate" is never silent: the client hears how many messages went.
+  if (job->request.truncated_messages > 0) {
+    res.set_header("X-Thermocline-Truncated-Messages",
+                   std::to_string(job->request.truncated_messages));
+  }
 
   if (!stream) {
     auto owned = std::make_unique<CollectingSink>();

@@ -82,8 +82,13 @@ std::string Metrics::Render() const {
                       endpoint, "\",status=\"", status, "\"} ", n, "\n");
     }
   }
-  Scalar(&out, "thermocline_prompt_tokens_total", "Prompt tokens evaluated.", "counter",
-         prompt_tokens_);
+  Scalar(&out, "thermocline_prompt_tokens_total",
+         "Prompt tokens of generations (cached and computed).", "counter", prompt_tokens_);
+  Scalar(&out, "thermocline_prompt_tokens_cached_total",
+         "Prompt tokens found in a slot's KV cache (the prefix cache), not computed again.",
+         "counter", prompt_cached_);
+  Scalar(&out, "thermocline_prompt_tokens_computed_total", "Prompt tokens prefilled (computed).",
+         "counter", prompt_computed_);
   Scalar(&out, "thermocline_generated_tokens_total", "Tokens generated.", "counter",
          generated_tokens_);
   ttft_.Render("thermocline_time_to_first_token_seconds",

@@ -38,7 +38,13 @@ class Metrics {
   // A finished call of a front end ("http" or "grpc"): its route pattern or gRPC method, and its
   // status (HTTP status code, or gRPC status code name).
   void CountRequest(std::string_view frontend, std::string_view endpoint, std::string_view status);
-  void AddPromptTokens(int64_t n) { prompt_tokens_ += n; }
+  // A generation's prompt: `total` tokens, `cached` of them found in the slot's KV cache (the
+  // prefix cache), `computed` of them prefilled (total - cached, fewer when cancelled).
+  void AddPromptTokens(int64_t total, int64_t cached, int64_t computed) {
+    prompt_tokens_ += total;
+    prompt_cached_ += cached;
+    prompt_computed_ += computed;
+  }
   void AddGeneratedToken() { generated_tokens_.fetch_add(1, std::memory_order_relaxed); }
   void ObserveTimeToFirstToken(double s) { ttft_.Observe(s); }
   void ObserveInterToken(double s) { inter_token_.Observe(s); }
@@ -58,6 +64,8 @@ class Metrics {
   // (frontend, endpoint, status)
   std::map<std::tuple<std::string, std::string, std::string>, uint64_t> requests_;
   std::atomic<int64_t> prompt_tokens_{0};
+  std::atomic<int64_t> prompt_cached_{0};
+  std::atomic<int64_t> prompt_computed_{0};
   std::atomic<int64_t> generated_tokens_{0};
   Histogram ttft_, inter_token_, duration_, queue_wait_;
   std::array<std::atomic<int64_t>, 3> cancellations_{};

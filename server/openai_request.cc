@@ -393,6 +393,10 @@ absl::StatusOr<GenerationSpec> SpecFromOpenAi(const json& body, ApiKind kind,
                             "only response_format {\"type\": \"text\"} is supported");
     }
   }
+  if (const json* overflow = Field(body, "context_overflow")) {
+    if (!overflow->is_string()) return WrongType("context_overflow", "\"refuse\" or \"truncate\"");
+    spec.context_overflow = overflow->get<std::string>();  // checked by BuildRequest
+  }
   return spec;
 }
 

@@ -101,7 +101,9 @@ void AppendUsage(const GenerationStats& s, std::string* out) {
   AppendInt(out, s.completion_tokens);
   out->append(",\"total_tokens\":");
   AppendInt(out, s.prompt_tokens + s.completion_tokens);
-  out->push_back('}');
+  out->append(",\"prompt_tokens_details\":{\"cached_tokens\":");
+  AppendInt(out, s.cached_tokens);
+  out->append("}}");
 }
 
 // One choice: the text as `delta`/`message` content (chat) or `text` (completions).

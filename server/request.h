@@ -29,6 +29,8 @@ struct GenerationRequest {
   bool token_ids = false;    // the sink gets a TokenLogprobs (id) per token even without logprobs
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // Chat messages dropped (oldest first) to fit the context: context_overflow "truncate".
+  int32_t truncated_messages = 0;
 };
 
 }  // namespace thermocline::server

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/errors.h"
+#include "spdlog/spdlog.h"
 
 namespace thermocline::server {
 namespace {
@@ -63,6 +64,19 @@ absl::StatusOr<SamplingParams> BuildSampling(const GenerationSpec& spec,
   return p;
 }
 
+absl::StatusOr<std::vector<int32_t>> RenderChat(const GenerationSpec& spec,
+                                                const std::vector<ChatMessage>& messages,
+                                                const LoadedModel& model) {
+  ChatRenderOptions options;
+  options.tools = spec.tools;
+  options.variables = spec.chat_template_kwargs;
+  auto text = model.chat_template->Render(messages, options);
+  if (!text.ok()) {
+    return InvalidRequest("messages", "invalid_value", std::string(text.status().message()));
+  }
+  return model.encoder->Encode(*text, model.tokenizer().add_bos());
+}
+
 absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
                                                  const LoadedModel& model) {
   const Tokenizer& tok = model.tokenizer();
@@ -71,14 +85,9 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
     if (spec.messages.empty()) {
       return InvalidRequest("messages", "invalid_value", "'messages' must not be empty");
     }
-    ChatRenderOptions options;
-    options.tools = spec.tools;
-    options.variables = spec.chat_template_kwargs;
-    auto text = model.chat_template->Render(spec.messages, options);
-    if (!text.ok()) {
-      return InvalidRequest("messages", "invalid_value", std::string(text.status().message()));
-    }
-    prompt = model.encoder->Encode(*text, tok.add_bos());
+    auto rendered = RenderChat(spec, spec.messages, model);
+    if (!rendered.ok()) return rendered.status();
+    prompt = *std::move(rendered);
   } else if (spec.prompt_ids) {
     for (int64_t id : *spec.prompt_ids) {
       if (id < 0 || id >= tok.vocab_size()) {
@@ -95,6 +104,37 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
   if (prompt.empty()) {
     return InvalidRequest(spec.kind == ApiKind::kChat ? "messages" : "prompt", "invalid_value",
                           "the prompt is empty");
+  }
+  return prompt;
+}
+
+// Drops the oldest non-system messages, a turn at a time (a user message and the replies up to
+// the next one), but never the last message, until the rendered prompt leaves room for `room`
+// tokens. The system messages stay where they are. The dropped count is in *dropped; the prompt
+// stays too long when nothing more can go.
+absl::StatusOr<std::vector<int32_t>> TruncateChat(const GenerationSpec& spec,
+                                                  const LoadedModel& model, int64_t room,
+                                                  std::vector<int32_t> prompt, int32_t* dropped) {
+  std::vector<ChatMessage> messages = spec.messages;
+  *dropped = 0;
+  auto oldest = [&]() -> int64_t {  // the first non-system message but the last; -1: none
+    for (size_t i = 0; i + 1 < messages.size(); ++i) {
+      if (messages[i].role != "system") return static_cast<int64_t>(i);
+    }
+    return -1;
+  };
+  while (static_cast<int64_t>(prompt.size()) + room > model.n_ctx) {
+    int64_t i = oldest();
+    if (i < 0) break;
+    // The message, then what follows it up to the next user message: the rest begins a turn.
+    do {
+      messages.erase(messages.begin() + i);
+      ++*dropped;
+      i = oldest();
+    } while (i >= 0 && messages[i].role != "user");
+    auto rendered = RenderChat(spec, messages, model);
+    if (!rendered.ok()) return rendered.status();
+    prompt = *std::move(rendered);
   }
   return prompt;
 }
@@ -168,29 +208,60 @@ absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const
   r.stream = spec.stream;
   r.include_usage = spec.include_usage;
 
+  const std::string& overflow = spec.context_overflow.value_or(config.context_overflow);
+  if (overflow != "refuse" && overflow != "truncate") {
+    return InvalidRequest("context_overflow", "invalid_value",
+                          absl::StrCat("'context_overflow' is '", overflow,
+                                       "'; it must be \"refuse\" or \"truncate\""));
+  }
+  if (spec.context_overflow == "truncate" && spec.kind != ApiKind::kChat) {
+    return InvalidRequest("context_overflow", "unsupported_value",
+                          "'context_overflow': \"truncate\" drops chat messages; a completion "
+                          "prompt is never cut: shorten it instead");
+  }
+  if (spec.max_tokens && (*spec.max_tokens < 1 || *spec.max_tokens > (1 << 24))) {
+    return OutOfRange(spec.max_tokens_field.c_str(), static_cast<double>(*spec.max_tokens),
+                      "[1, 16777216]");
+  }
+
   auto prompt = BuildPrompt(spec, model);
   if (!prompt.ok()) return prompt.status();
   r.prompt = std::move(*prompt);
-
-  const int64_t n_prompt = static_cast<int64_t>(r.prompt.size());
+  // Room the prompt must leave: max_tokens, or at least one token to generate.
+  const int64_t room = spec.max_tokens.value_or(1);
+  int64_t n_prompt = static_cast<int64_t>(r.prompt.size());
+  if (overflow == "truncate" && spec.kind == ApiKind::kChat && n_prompt + room > model.n_ctx) {
+    auto cut = TruncateChat(spec, model, room, std::move(r.prompt), &r.truncated_messages);
+    if (!cut.ok()) return cut.status();
+    r.prompt = *std::move(cut);
+    const int64_t before = n_prompt;
+    n_prompt = static_cast<int64_t>(r.prompt.size());
+    spdlog::info(
+        "model '{}': context_overflow truncate dropped {} of {} messages ({} -> {} prompt "
+        "tokens){}",
+        model.config().name, r.truncated_messages, spec.messages.size(), before, n_prompt,
+        n_prompt + room > model.n_ctx ? "; still too long, refused" : "");
+  }
+  const char* const hint = overflow == "truncate"
+                               ? "; the system messages and the last message alone do not fit: "
+                                 "shorten them or lower max_tokens"
+                               : "; shorten the prompt or lower max_tokens, or send "
+                                 "\"context_overflow\": \"truncate\" to drop the oldest turns";
   if (spec.max_tokens) {
-    if (*spec.max_tokens < 1 || *spec.max_tokens > (1 << 24)) {
-      return OutOfRange(spec.max_tokens_field.c_str(), static_cast<double>(*spec.max_tokens),
-                        "[1, 16777216]");
-    }
     if (n_prompt + *spec.max_tokens > model.n_ctx) {
-      return ContextExceeded(
-          absl::StrCat("this request needs ", n_prompt + *spec.max_tokens, " tokens (", n_prompt,
-                       " in the prompt, ", *spec.max_tokens,
-                       " to generate) but the context of model '", model.config().name, "' is ",
-                       model.n_ctx, " tokens; shorten the prompt or lower max_tokens"));
+      return ContextExceeded(absl::StrCat(
+          "this request needs ", n_prompt + *spec.max_tokens, " tokens (", n_prompt,
+          " in the prompt, ", *spec.max_tokens, " to generate) but the context of model '",
+          model.config().name, "' is ", model.n_ctx, " tokens",
+          spec.kind == ApiKind::kChat ? hint : "; shorten the prompt or lower max_tokens"));
     }
     r.max_tokens = static_cast<int32_t>(*spec.max_tokens);
   } else {
     if (n_prompt >= model.n_ctx) {
-      return ContextExceeded(absl::StrCat("the prompt has ", n_prompt,
-                                          " tokens but the context of model '", model.config().name,
-                                          "' is ", model.n_ctx, " tokens; shorten the prompt"));
+      return ContextExceeded(
+          absl::StrCat("the prompt has ", n_prompt, " tokens but the context of model '",
+                       model.config().name, "' is ", model.n_ctx, " tokens",
+                       spec.kind == ApiKind::kChat ? hint : "; shorten the prompt"));
     }
     int64_t room = model.n_ctx - n_prompt;
     if (config.default_max_tokens > 0) room = std::min<int64_t>(room, config.default_max_tokens);

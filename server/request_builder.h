@@ -1,7 +1,9 @@
 // Validation and resolution of a generation request, shared by every front end: a front end
 // extracts a GenerationSpec from its wire format (types checked there), and BuildRequest checks
-// ranges, renders the chat template, tokenizes, checks the context and fills the native
-// GenerationRequest. Errors are the statuses of server/errors.h naming the field at fault.
+// ranges, renders the chat template, tokenizes, checks the context (or, with the context
+// overflow policy "truncate", drops the oldest non-system chat messages until the request fits)
+// and fills the native GenerationRequest. Errors are the statuses of server/errors.h naming the
+// field at fault.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,8 @@ struct GenerationSpec {
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;
+  // "refuse" or "truncate" (ServerConfig::context_overflow); unset: the config's.
+  std::optional<std::string> context_overflow;
 };
 
 // A chat message's role as the chat templates know it: "developer" becomes "system"; a role

@@ -17,6 +17,8 @@ absl::Status Scheduler::Start(const ModelRegistry& registry) {
   DecodeLoopOptions options;
   options.threads = config_.threads_per_slot;
   options.decode_delay_ms = config_.decode_delay_ms;
+  options.prefill_delay_ms = config_.prefill_delay_ms;
+  options.prompt_cache = config_.prompt_cache;
   std::vector<std::unique_ptr<DecodeLoop>> loops;
   for (int s = 0; s < config_.slots; ++s) {
     auto loop = std::make_unique<DecodeLoop>(options, metrics_);
@@ -35,7 +37,9 @@ absl::Status Scheduler::Start(const ModelRegistry& registry) {
     std::lock_guard<std::mutex> lock(mu_);  // ReleaseUnloaded may run already
     loops_ = std::move(loops);
     running_.resize(config_.slots);
+    last_used_.assign(config_.slots, 0);
     for (const auto& loop : loops_) loop->ReleaseUnloaded();  // unloaded while they were made
+    DispatchLocked();  // jobs submitted before the slots existed
   }
   metrics_->SetSlots(config_.slots);
   for (int s = 0; s < config_.slots; ++s) threads_.emplace_back([this, s] { SlotMain(s); });
@@ -64,9 +68,36 @@ absl::Status Scheduler::Submit(std::shared_ptr<Job> job) {
     }
     queue_.push_back(std::move(job));
     metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
+    DispatchLocked();
   }
-  wake_.notify_one();
+  wake_.notify_all();  // the slot that got it, which need not be the first waiting
   return absl::OkStatus();
+}
+
+void Scheduler::DispatchLocked() {
+  const int n = static_cast<int>(running_.size());
+  while (!queue_.empty()) {
+    const Job& job = *queue_.front();
+    int best = -1;
+    int64_t best_shared = -1;  // 0 for slots the job does not continue
+    for (int s = 0; s < n; ++s) {
+      if (running_[s] != nullptr) continue;
+      const DecodeLoop::PrefixMatch m = loops_[s]->CachedPrefix(*job.model, job.request.prompt);
+      const int64_t n_prompt = static_cast<int64_t>(job.request.prompt.size());
+      const bool continues = 2 * m.shared >= m.held || 2 * m.shared >= n_prompt;
+      const int64_t shared = m.shared > 0 && continues ? m.shared : 0;
+      if (shared > best_shared || (shared == best_shared && last_used_[s] < last_used_[best])) {
+        best = s;
+        best_shared = shared;
+      }
+    }
+    if (best < 0) break;  // every slot is busy
+    running_[best] = std::move(queue_.front());
+    queue_.pop_front();
+    last_used_[best] = ++use_clock_;
+    metrics_->AddBusySlots(1);
+  }
+  metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
 }
 
 void Scheduler::FinishUnrun(const std::shared_ptr<Job>& job, CancelReason reason) {
@@ -135,13 +166,9 @@ void Scheduler::SlotMain(int slot) {
     std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and the queue is drained
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      running_[slot] = job;
-      metrics_->SetQueueDepth(static_cast<int64_t>(queue_.size()));
-      metrics_->AddBusySlots(1);
+      wake_.wait(lock, [&] { return running_[slot] != nullptr || (stopping_ && queue_.empty()); });
+      if (running_[slot] == nullptr) return;  // stopping, and the queue is drained
+      job = running_[slot];
     }
     const DecodeLoop::Outcome out = loop.Run(*job);
     job->model.EndUse();  // before the client can hear the end and ask for another model
@@ -149,7 +176,9 @@ void Scheduler::SlotMain(int slot) {
       std::lock_guard<std::mutex> lock(mu_);
       running_[slot] = nullptr;
       metrics_->AddBusySlots(-1);
+      DispatchLocked();  // this slot's cache may suit a waiting job best, or another idle one's
     }
+    wake_.notify_all();
     // The slot is free before the client hears the end, so its next request finds it free.
     job->sink->OnFinish(out.reason, job->cancel_reason(), out.stats, out.error);
     job.reset();

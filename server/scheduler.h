@@ -1,6 +1,12 @@
 // The schedule step: a bounded FIFO queue of jobs feeding N slots. Each slot is a thread with
 // its own DecodeLoop (thread pool + one KV cache per model over the shared weights). The
-// scheduler decides which job runs where and when; it never touches tensors.
+// scheduler decides which job runs where and when; it never touches tensors. Jobs leave the
+// queue oldest first (no job waits behind a later one); each goes to the idle slot whose KV
+// cache holds the longest prefix of its prompt (the prefix cache, decode_loop.h), counting only
+// slots where the shared prefix is at least half of what the slot holds or of the job's prompt
+// (a chat template's opening alone does not make another conversation's slot a match, and
+// taking it would evict that conversation), else to the idle slot used least recently, whose
+// cache is the least likely to be wanted again.
 #pragma once
 
 #include <condition_variable>
@@ -48,6 +54,8 @@ class Scheduler {
 
  private:
   void SlotMain(int slot);
+  // Hands queued jobs to idle slots as above. Under mu_; the caller wakes the slots.
+  void DispatchLocked();
   void FinishUnrun(const std::shared_ptr<Job>& job, CancelReason reason);
 
   const ServerConfig& config_;
@@ -58,7 +66,9 @@ class Scheduler {
   std::vector<std::unique_ptr<DecodeLoop>> loops_;  // a slot's loop: its thread's while it runs
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;
-  std::vector<std::shared_ptr<Job>> running_;  // per slot; null when idle
+  std::vector<std::shared_ptr<Job>> running_;  // per slot: its job (given or running); null: idle
+  std::vector<uint64_t> last_used_;            // per slot: when it last got a job (use_clock_)
+  uint64_t use_clock_ = 0;
   bool stopping_ = false;
 };
 

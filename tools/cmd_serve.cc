@@ -38,6 +38,8 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
   --state-dir DIR          registry, job artefacts and sidecars of registered models (default
                            $XDG_STATE_HOME/thermocline or ~/.local/state/thermocline)
   --admin-key KEY          require this key for /admin/* (default: the API key, if any)
+  --no-prompt-cache        prefill every prompt in full (default: a request reuses the KV
+                           cache of the prefix it shares with a slot's last request)
 Flags override the config file. SIGINT / SIGTERM stop the daemon gracefully.
 )";
 
@@ -81,6 +83,7 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
   if (auto mode = args.Get("--sparse")) {
     for (server::ModelConfig& m : c->models) m.sparse = *mode;
   }
+  if (args.Has("--no-prompt-cache")) c->prompt_cache = false;
   if (args.Has("--oracle")) {
     for (server::ModelConfig& m : c->models) m.oracle = true;
   }
@@ -127,12 +130,13 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
 
 int RunServe(int argc, char** argv) {
   const std::vector<std::string> model_flags = ExtractModels(&argc, argv);
-  auto args = Args::Parse(
-      argc, argv,
-      {"--config", "--host", "--port", "--api-key", "--slots", "--queue", "--threads", "--ctx",
-       "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key", "--grpc-port",
-       "--gpu-memory", "--gpu-layers"},
-      {"--help", "--oracle"}, {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
+  auto args =
+      Args::Parse(argc, argv,
+                  {"--config", "--host", "--port", "--api-key", "--slots", "--queue", "--threads",
+                   "--ctx", "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key",
+                   "--grpc-port", "--gpu-memory", "--gpu-layers"},
+                  {"--help", "--oracle", "--no-prompt-cache"},
+                  {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("serve", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);

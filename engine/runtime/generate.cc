@@ -46,15 +46,38 @@ absl::StatusOr<GenerationResult> Generate(Session& session, absl::Span<const int
     }
   }
 
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  if (options.cached_prompt < 0 || options.cached_prompt >= n_prompt ||
+      options.cached_prompt != session.n_past()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cached_prompt is ", options.cached_prompt, " with a prompt of ", n_prompt,
+                     " tokens and ", session.n_past(),
+                     " in the session; it must equal the session's length and leave at least one "
+                     "prompt token to evaluate"));
+  }
+
   GenerationResult result;
-  result.prompt_tokens = static_cast<int64_t>(prompt.size());
+  result.prompt_tokens = n_prompt;
+  result.prompt_cached = options.cached_prompt;
   const int32_t max_tokens = std::max(options.max_tokens, 0);
   result.tokens.reserve(max_tokens);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   history.reserve(prompt.size() + max_tokens);
 
   auto start = std::chrono::steady_clock::now();
-  if (absl::Status s = session.Eval(prompt); !s.ok()) return s;
+  // In the session's own chunks, so that a cancellation is seen between them and the chunks are
+  // those of one Eval of the whole rest.
+  const int64_t chunk = std::max<int64_t>(session.max_batch(), 1);
+  for (int64_t at = options.cached_prompt; at < n_prompt; at += chunk) {
+    if (at > options.cached_prompt && options.cancel_prefill && options.cancel_prefill()) {
+      result.prompt_seconds = SecondsSince(start);
+      result.stop_reason = StopReason::kCancelled;
+      return result;
+    }
+    const int64_t n = std::min(chunk, n_prompt - at);
+    if (absl::Status s = session.Eval(prompt.subspan(at, n)); !s.ok()) return s;
+    result.prompt_computed += n;
+  }
   result.prompt_seconds = SecondsSince(start);
 
   Sampler sampler(options.sampling, n_vocab);

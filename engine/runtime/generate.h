@@ -2,7 +2,9 @@
 // prefill the prompt, then sample, detokenize and evaluate token by token, handing each token to
 // a callback that can stop generation. The daemon's stop strings, deadline, streaming and
 // metrics live in its callback (server/decode_loop.cc); this loop owns sampling, the logit bias,
-// end-of-generation and stop tokens, the context limit and the raw logits for logprobs.
+// end-of-generation and stop tokens, the context limit, the raw logits for logprobs, a prompt
+// prefix already in the session's KV cache (the daemon's prefix cache) and prefill in chunks that
+// can be cancelled between them.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +45,14 @@ struct GenerateOptions {
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
   // GeneratedToken::logits carries each token's logits before bias and sampling (logprobs).
   bool raw_logits = false;
+  // The first cached_prompt tokens of the prompt are in the session's KV cache already
+  // (positions 0 .. cached_prompt - 1, so n_past() == cached_prompt): only the rest is
+  // evaluated. At most prompt.size() - 1: the last prompt token is always evaluated, for its
+  // logits.
+  int64_t cached_prompt = 0;
+  // Asked before each prefill chunk (the session's max_batch tokens) but the first; true
+  // abandons the request (kCancelled) before any token is generated. nullptr: never.
+  std::function<bool()> cancel_prefill;
 };
 
 struct GeneratedToken {
@@ -68,19 +78,23 @@ struct GenerationResult {
   std::string final_text;
   StopReason stop_reason = StopReason::kLength;
   int64_t prompt_tokens = 0;
-  double prompt_seconds = 0;  // prefill
+  int64_t prompt_cached = 0;    // of them, found in the KV cache (options.cached_prompt)
+  int64_t prompt_computed = 0;  // of them, evaluated (fewer than the rest when cancelled)
+  double prompt_seconds = 0;    // prefill
   double decode_seconds = 0;  // evaluating generated tokens
   int64_t decode_evals = 0;   // single-token forward passes timed by decode_seconds
   double prompt_tokens_per_s() const {
-    return prompt_seconds > 0 ? prompt_tokens / prompt_seconds : 0;
+    return prompt_seconds > 0 ? prompt_computed / prompt_seconds : 0;
   }
   double decode_tokens_per_s() const {
     return decode_seconds > 0 ? decode_evals / decode_seconds : 0;
   }
 };
 
-// Continues `session` (normally empty) with `prompt` and generates. The session's KV cache
-// holds prompt and output afterwards. Allocates per call, never per token.
+// Continues `session` (empty, or holding options.cached_prompt tokens of the prompt) with the
+// rest of `prompt` and generates. The session's KV cache holds the prompt and the output but its
+// last token afterwards (its first n_past() tokens of prompt + tokens). Allocates per call,
+// never per token.
 absl::StatusOr<GenerationResult> Generate(Session& session, absl::Span<const int32_t> prompt,
                                           const GenerateOptions& options,
                                           const TokenCallback& on_token = nullptr);
