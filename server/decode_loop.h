@@ -56,6 +56,8 @@ class DecodeLoop {
   // model's engine has changed. Marks it running (until Finish).
   absl::StatusOr<Session*> Prepare(const std::shared_ptr<const LoadedModel>& model);
   StopReason Generate(Job& job, GenerationStats* stats, absl::Status* error);
+  // An embedding job (server/decode_loop_embed.cc).
+  StopReason Embed(Job& job, GenerationStats* stats, absl::Status* error);
 
   DecodeLoopOptions options_;
   Metrics* metrics_;
