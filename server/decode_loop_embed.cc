@@ -28,8 +28,8 @@ StopReason DecodeLoop::Embed(Job& job, GenerationStats* stats, absl::Status* err
         thermocline::Embed(session, r.inputs[i], r.embed, keep_going);
     if (!v.ok()) {
       if (v.status().code() == absl::StatusCode::kCancelled) return StopReason::kCancelled;
-      *error = absl::Status(v.status().code(),
-                            absl::StrCat("input ", i, ": ", v.status().message()));
+      *error =
+          absl::Status(v.status().code(), absl::StrCat("input ", i, ": ", v.status().message()));
       return StopReason::kError;
     }
     const int64_t n = static_cast<int64_t>(r.inputs[i].size());

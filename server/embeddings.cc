@@ -142,7 +142,8 @@ absl::StatusOr<std::shared_ptr<Job>> PrepareEmbeddingJob(const EmbeddingSpec& sp
   const Tokenizer& tok = m.tokenizer();
   const size_t n = spec.texts.size() + spec.ids.size();
   for (size_t i = 0; i < n; ++i) {
-    const std::string param = n == 1 ? spec.input_field : absl::StrCat(spec.input_field, "[", i, "]");
+    const std::string param =
+        n == 1 ? spec.input_field : absl::StrCat(spec.input_field, "[", i, "]");
     std::vector<int32_t> tokens;
     if (i < spec.texts.size()) {
       if (spec.texts[i].empty()) {
@@ -168,9 +169,8 @@ absl::StatusOr<std::shared_ptr<Job>> PrepareEmbeddingJob(const EmbeddingSpec& sp
     if (static_cast<int64_t>(tokens.size()) > m.n_ctx) {
       if (!spec.truncate) {
         return ContextExceeded(absl::StrCat("'", param, "' has ", tokens.size(),
-                                            " tokens but the context of model '",
-                                            m.config().name, "' is ", m.n_ctx,
-                                            " tokens; shorten it"));
+                                            " tokens but the context of model '", m.config().name,
+                                            "' is ", m.n_ctx, " tokens; shorten it"));
       }
       tokens.resize(static_cast<size_t>(m.n_ctx));
     }

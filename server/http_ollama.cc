@@ -68,10 +68,10 @@ void HttpFrontEnd::OllamaRoutes() {
               }));
   for (const auto& [path, chat] : {std::pair{"/api/chat", true}, {"/api/generate", false}}) {
     const bool is_chat = chat;
-    http_->Post(path, WithBody([this, is_chat](const Request& req, Response& res,
-                                               const std::string& body) {
-                  HandleOllamaGeneration(req, res, body, is_chat);
-                }));
+    http_->Post(
+        path, WithBody([this, is_chat](const Request& req, Response& res, const std::string& body) {
+          HandleOllamaGeneration(req, res, body, is_chat);
+        }));
   }
   for (const auto& [path, legacy] : {std::pair{"/api/embed", false}, {"/api/embeddings", true}}) {
     const bool is_legacy = legacy;
@@ -83,7 +83,8 @@ void HttpFrontEnd::OllamaRoutes() {
   http_->Post("/api/show", WithBody([this](const Request&, Response& res, const std::string& body) {
                 HandleOllamaShow(res, body);
               }));
-  http_->Get("/api/tags", [this](const Request&, Response& res) { HandleOllamaModels(res, false); });
+  http_->Get("/api/tags",
+             [this](const Request&, Response& res) { HandleOllamaModels(res, false); });
   http_->Get("/api/ps", [this](const Request&, Response& res) { HandleOllamaModels(res, true); });
   http_->Get("/api/version", [](const Request&, Response& res) {
     res.set_content(Dump(ordered_json{{"version", kOllamaApiVersion}}), "application/json");
@@ -173,13 +174,13 @@ void HttpFrontEnd::HandleOllamaGeneration(const httplib::Request&, httplib::Resp
     access.ttft_seconds = sink->stats().ttft_seconds;
     if (sink->reason() == StopReason::kError) {
       spdlog::error("generation failed: {}", sink->error().ToString());
-      return SendOllamaError(res, absl::InternalError(absl::StrCat(
-                                      "generation failed: ", sink->error().message())));
+      return SendOllamaError(
+          res, absl::InternalError(absl::StrCat("generation failed: ", sink->error().message())));
     }
     if (sink->reason() == StopReason::kCancelled && sink->cancel() != CancelReason::kDeadline) {
       access.outcome = CancelReasonName(sink->cancel());
-      return SendOllamaError(
-          res, Unavailable("shutting_down", "the server shut down before the end"));
+      return SendOllamaError(res,
+                             Unavailable("shutting_down", "the server shut down before the end"));
     }
     std::string out;
     AppendOllamaChunk(g.model, chat, sink->text(), /*open=*/true, &out);
@@ -239,8 +240,8 @@ void HttpFrontEnd::HandleOllamaEmbedding(const httplib::Request&, httplib::Respo
   const bool was_loaded = served->loaded() != nullptr;
   if (e.empty && e.keep_alive && e.keep_alive->count() == 0) {
     registry_->Unload(served, "keep_alive 0");
-    res.set_content(legacy ? "{\"embedding\":[]}" : Dump(ordered_json{{"model", e.model},
-                                                                     {"embeddings", json::array()}}),
+    res.set_content(legacy ? "{\"embedding\":[]}"
+                           : Dump(ordered_json{{"model", e.model}, {"embeddings", json::array()}}),
                     "application/json");
     return;
   }
@@ -251,8 +252,8 @@ void HttpFrontEnd::HandleOllamaEmbedding(const httplib::Request&, httplib::Respo
   if (e.keep_alive) registry_->SetKeepAlive(served, *e.keep_alive);
   std::string out;
   if (e.empty) {
-    res.set_content(legacy ? "{\"embedding\":[]}" : Dump(ordered_json{{"model", e.model},
-                                                                     {"embeddings", json::array()}}),
+    res.set_content(legacy ? "{\"embedding\":[]}"
+                           : Dump(ordered_json{{"model", e.model}, {"embeddings", json::array()}}),
                     "application/json");
     return;
   }

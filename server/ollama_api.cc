@@ -80,10 +80,9 @@ FileFacts Facts(const GgufFile& f, const std::string& path) {
   facts.modified = ec ? std::chrono::system_clock::now()
                       : std::chrono::time_point_cast<std::chrono::system_clock::duration>(
                             std::chrono::file_clock::to_sys(mtime));
-  facts.digest =
-      Digest(path, facts.size,
-             std::chrono::duration_cast<std::chrono::seconds>(facts.modified.time_since_epoch())
-                 .count());
+  facts.digest = Digest(
+      path, facts.size,
+      std::chrono::duration_cast<std::chrono::seconds>(facts.modified.time_since_epoch()).count());
   return facts;
 }
 
@@ -118,12 +117,8 @@ ordered_json Details(const FileFacts& f) {
 
 ordered_json Entry(const ServedModel& m, const FileFacts& f) {
   const std::string name = OllamaTaggedName(m.config.name);
-  return {{"name", name},
-          {"model", name},
-          {"modified_at", OllamaTimestamp(f.modified)},
-          {"size", f.size},
-          {"digest", f.digest},
-          {"details", Details(f)}};
+  return {{"name", name},   {"model", name},      {"modified_at", OllamaTimestamp(f.modified)},
+          {"size", f.size}, {"digest", f.digest}, {"details", Details(f)}};
 }
 
 ordered_json MetadataValue(const GgufValue& v, bool verbose) {
@@ -296,7 +291,8 @@ absl::StatusOr<ordered_json> OllamaShow(const ServedModel& m, bool verbose) {
   std::string parameters;
   std::string modelfile = absl::StrCat("# Modelfile of the model '", m.config.name,
                                        "' served by thermocline\nFROM ", m.config.path, "\n");
-  if (!chat_template.empty()) absl::StrAppend(&modelfile, "TEMPLATE \"\"\"", chat_template, "\"\"\"\n");
+  if (!chat_template.empty())
+    absl::StrAppend(&modelfile, "TEMPLATE \"\"\"", chat_template, "\"\"\"\n");
   if (opened->loaded != nullptr) {
     for (const std::string& s : opened->loaded->chat_template->implied_stops()) {
       absl::StrAppend(&parameters, "stop                           \"", s, "\"\n");

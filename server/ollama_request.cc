@@ -85,8 +85,8 @@ absl::Status Options(const json& body, GenerationSpec* spec, std::optional<int64
   const json* options = Field(body, "options");
   if (options == nullptr) return absl::OkStatus();
   if (!options->is_object()) return WrongType("options", "an object");
-  static const char* const kLoadTime[] = {"num_gpu",  "main_gpu", "num_thread", "num_batch",
-                                          "use_mmap", "use_mlock", "numa",      "low_vram",
+  static const char* const kLoadTime[] = {"num_gpu",  "main_gpu",   "num_thread", "num_batch",
+                                          "use_mmap", "use_mlock",  "numa",       "low_vram",
                                           "f16_kv",   "vocab_only", "num_keep"};
   for (const auto& [key, v] : options->items()) {
     const std::string param = "options." + key;
@@ -191,7 +191,8 @@ absl::Status Messages(const json& body, GenerationSpec* spec) {
     const std::string p = absl::StrCat("messages[", i, "]");
     if (!m.is_object()) return WrongType(p, "an object");
     ChatMessage msg;
-    if (absl::Status s = GetString(m, "role", &msg.role); !s.ok()) return WrongType(p + ".role", "a string");
+    if (absl::Status s = GetString(m, "role", &msg.role); !s.ok())
+      return WrongType(p + ".role", "a string");
     if (msg.role.empty()) {
       return InvalidRequest(p + ".role", "missing_required_parameter",
                             absl::StrCat("'", p, ".role' is required"));
@@ -385,9 +386,9 @@ absl::StatusOr<std::string> OllamaModelName(const ModelRegistry& registry, std::
     const std::string_view bare = name.substr(0, name.size() - kLatest.size());
     if (registry.Lookup(bare) != nullptr) return std::string(bare);
   }
-  return NotFound("model_not_found",
-                  absl::StrCat("model '", ToAbsl(name), "' not found; GET /api/tags lists the "
-                               "served models"));
+  return NotFound("model_not_found", absl::StrCat("model '", ToAbsl(name),
+                                                  "' not found; GET /api/tags lists the "
+                                                  "served models"));
 }
 
 std::string OllamaTaggedName(const std::string& name) {

@@ -8,9 +8,7 @@
 
 namespace thermocline {
 
-const char* PoolingName(Pooling pooling) {
-  return pooling == Pooling::kLast ? "last" : "mean";
-}
+const char* PoolingName(Pooling pooling) { return pooling == Pooling::kLast ? "last" : "mean"; }
 
 std::optional<Pooling> ParsePooling(std::string_view name) {
   if (name == "mean") return Pooling::kMean;
@@ -24,8 +22,8 @@ absl::StatusOr<std::vector<float>> Embed(Session& session, absl::Span<const int3
   if (n == 0) return absl::InvalidArgumentError("an embedding needs at least one token");
   if (n > session.n_ctx()) {
     return absl::OutOfRangeError(absl::StrCat("the input has ", n,
-                                              " tokens but the context length is ",
-                                              session.n_ctx(), "; shorten it"));
+                                              " tokens but the context length is ", session.n_ctx(),
+                                              "; shorten it"));
   }
   const int64_t d = session.model().hparams().n_embd;
   const int64_t batch = session.max_batch();

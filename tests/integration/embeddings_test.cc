@@ -89,10 +89,11 @@ TEST_CASE("/v1/embeddings: unit vectors that depend on the input and the pooling
   CHECK(three["usage"]["prompt_tokens"].get<int>() > 10);
 
   // Token ids: the same tokens give the same vector.
-  const json ids = Embeddings(d.port(), {{"model", kModelName}, {"input", {1, 403, 407, 261, 378}}});
+  const json ids =
+      Embeddings(d.port(), {{"model", kModelName}, {"input", {1, 403, 407, 261, 378}}});
   CHECK(Vector(ids["data"][0]) == a);
-  const json id_arrays = Embeddings(
-      d.port(), {{"model", kModelName}, {"input", {{1, 403, 407, 261, 378}, {1, 365}}}});
+  const json id_arrays =
+      Embeddings(d.port(), {{"model", kModelName}, {"input", {{1, 403, 407, 261, 378}, {1, 365}}}});
   REQUIRE(id_arrays["data"].size() == 2);
   CHECK(Vector(id_arrays["data"][0]) == a);
 

@@ -216,7 +216,8 @@ TEST_CASE("/api/tags, /api/show, /api/ps, /api/version", "[server][ollama]") {
   const json& m = tags["models"][0];
   CHECK(m["name"] == "stories:latest");
   CHECK(m["model"] == "stories:latest");
-  CHECK(m["size"].get<int64_t>() == static_cast<int64_t>(std::filesystem::file_size(StoriesModel())));
+  CHECK(m["size"].get<int64_t>() ==
+        static_cast<int64_t>(std::filesystem::file_size(StoriesModel())));
   CHECK(m["digest"].get<std::string>().size() == 64);
   CHECK(m["details"]["format"] == "gguf");
   CHECK(m["details"]["family"] == "llama");
@@ -247,8 +248,9 @@ TEST_CASE("/api/tags, /api/show, /api/ps, /api/version", "[server][ollama]") {
 TEST_CASE("/api/embed and /api/embeddings", "[server][ollama]") {
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
-  const json e = Ok(Post(d.port(), "/api/embed",
-                         {{"model", "stories:latest"}, {"input", {"Once upon a time", "The cat"}}}));
+  const json e =
+      Ok(Post(d.port(), "/api/embed",
+              {{"model", "stories:latest"}, {"input", {"Once upon a time", "The cat"}}}));
   CHECK(e["model"] == "stories:latest");
   REQUIRE(e["embeddings"].size() == 2);
   const std::vector<float> a = e["embeddings"][0], b = e["embeddings"][1];
@@ -267,8 +269,8 @@ TEST_CASE("/api/embed and /api/embeddings", "[server][ollama]") {
       Ok(Post(d.port(), "/v1/embeddings", {{"model", kModelName}, {"input", "Once upon a time"}}));
   CHECK(openai["data"][0]["embedding"].get<std::vector<float>>() == a);
   // Legacy: the pooled vector unnormalised, in a's direction.
-  const json legacy =
-      Ok(Post(d.port(), "/api/embeddings", {{"model", kModelName}, {"prompt", "Once upon a time"}}));
+  const json legacy = Ok(
+      Post(d.port(), "/api/embeddings", {{"model", kModelName}, {"prompt", "Once upon a time"}}));
   const std::vector<float> raw = legacy["embedding"];
   REQUIRE(raw.size() == a.size());
   double raw_norm = 0;
@@ -308,7 +310,8 @@ TEST_CASE("keep_alive 0 unloads now; the next request loads again", "[server][ol
   CHECK(again["load_duration"].get<int64_t>() > 0);
   CHECK(Listed(d.port(), "/api/ps"));
   // The chat route's load request.
-  const json load = Ok(Post(d.port(), "/api/chat", {{"model", kModelName}, {"messages", json::array()}}));
+  const json load =
+      Ok(Post(d.port(), "/api/chat", {{"model", kModelName}, {"messages", json::array()}}));
   CHECK(load["done_reason"] == "load");
   CHECK(load["message"]["content"] == "");
 }

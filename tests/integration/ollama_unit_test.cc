@@ -1,9 +1,8 @@
 // Pieces of the Ollama and embedding front ends without a daemon: keep_alive durations, the
 // timestamp format, the float and base64 encodings.
-#include "test_util.h"
-
 #include "server/embeddings.h"
 #include "server/ollama_api.h"
+#include "test_util.h"
 
 namespace thermocline::server {
 namespace {
@@ -31,7 +30,8 @@ TEST_CASE("keep_alive: Go durations, seconds, negative forever", "[server][ollam
   CHECK(Ms(-1) == -1);
   CHECK(Ms("-1") == -1);
   CHECK(Ms("-5m") == -1);
-  for (const json& bad : {json("5x"), json(""), json("m"), json("5 m"), json(true), json::array()}) {
+  for (const json& bad :
+       {json("5x"), json(""), json("m"), json("5 m"), json(true), json::array()}) {
     INFO(bad.dump());
     CHECK_FALSE(ParseKeepAlive(bad).ok());
   }
