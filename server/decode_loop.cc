@@ -211,7 +211,8 @@ DecodeLoop::Outcome DecodeLoop::Run(Job& job) {
   if (job.cancelled()) {
     out.reason = StopReason::kCancelled;
   } else {
-    out.reason = Generate(job, &out.stats, &out.error);
+    out.reason = job.request.kind == ApiKind::kEmbedding ? Embed(job, &out.stats, &out.error)
+                                                         : Generate(job, &out.stats, &out.error);
   }
   Finish();
   if (out.reason == StopReason::kCancelled) metrics_->CountCancellation(job.cancel_reason());
@@ -272,6 +273,8 @@ StopReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* 
     return StopReason::kError;
   }
   metrics_->AddPromptTokens(stats->prompt_tokens, result->prompt_cached, result->prompt_computed);
+  stats->prompt_seconds = result->prompt_seconds;
+  stats->decode_seconds = result->decode_seconds;
   switch (result->stop_reason) {
     case StopReason::kStopSequence:  // its text is emitted, the rest dropped
     case StopReason::kCancelled:

@@ -71,6 +71,8 @@ class DecodeLoop {
  private:
   class TokenSink;
   StopReason Generate(Job& job, GenerationStats* stats, absl::Status* error);
+  // An embedding job (server/decode_loop_embed.cc).
+  StopReason Embed(Job& job, GenerationStats* stats, absl::Status* error);
 
   DecodeLoopOptions options_;
   Metrics* metrics_;

@@ -61,8 +61,10 @@ RouteAccess AccessOf(std::string_view method, std::string_view path) {
 
 bool TakesBody(std::string_view method, std::string_view path) {
   if (method == "POST") {
-    static const char* const kPost[] = {"/v1/chat/completions", "/v1/completions", "/tokenize",
-                                        "/detokenize", "/admin/models"};
+    static const char* const kPost[] = {
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize",
+        "/admin/models", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+        "/api/show"};
     for (const char* p : kPost) {
       if (path == p) return true;
     }
@@ -197,7 +199,11 @@ std::optional<ApiError> RequestPolicy::Check(std::string_view method, std::strin
           404, "not_found_error", "not_found",
           absl::StrCat("no route for ", ToAbsl(method), " ", ToAbsl(path), " with a body"));
     }
-    if (const std::string type = field("Content-Type"); !type.empty() && !IsJsonMediaType(type)) {
+    // Ollama's routes take JSON whatever the type says, as Ollama does: its documented calls
+    // are `curl -d '{...}'`, sent as a form. (Pages of other origins are refused above.)
+    const bool ollama = absl::StartsWith(ToAbsl(path), "/api/");
+    if (const std::string type = field("Content-Type");
+        !ollama && !type.empty() && !IsJsonMediaType(type)) {
       return Error(
           415, "invalid_request_error", "unsupported_media_type",
           absl::StrCat("the body must be JSON (Content-Type: application/json), not '", type, "'"));

@@ -44,7 +44,8 @@ class RequestPolicy {
 
   // The error a request gets before its handler runs, or nullopt. In order: 403 host_not_allowed,
   // 403 origin_not_allowed, 401 invalid_api_key, 415 unsupported_media_type (a body that is not
-  // JSON, or an unknown Content-Encoding), 404 not_found (a body on a route that takes none).
+  // JSON, or an unknown Content-Encoding; Ollama's /api/ routes take any Content-Type), 404
+  // not_found (a body on a route that takes none).
   std::optional<ApiError> Check(std::string_view method, std::string_view path, const Fields& field,
                                 bool has_body) const;
 

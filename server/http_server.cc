@@ -30,6 +30,12 @@ const char* EndpointLabel(const std::string& method, const std::string& path) {
     if (path == k) return k;
   }
   if (method == "GET" && absl::StartsWith(path, "/v1/models/")) return "/v1/models/{id}";
+  static const char* const kMore[] = {"/v1/embeddings", "/api/chat", "/api/generate",
+                                      "/api/embed",     "/api/embeddings", "/api/tags",
+                                      "/api/show",      "/api/ps",   "/api/version"};
+  for (const char* k : kMore) {
+    if (path == k) return k;
+  }
   if (path == "/admin/models") return "/admin/models";
   if (absl::StartsWith(path, "/admin/models/")) return "/admin/models/{name}";
   return "other";
@@ -195,6 +201,9 @@ void HttpFrontEnd::Routes() {
         [&](std::string_view name) { return req.get_header_value(std::string(name)); }, has_body);
     if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
     SendApiError(res, *refusal);
+    if (absl::StartsWith(req.path, "/api/")) {  // Ollama's routes: Ollama's error shape
+      res.set_content(Dump(json{{"error", refusal->message}}), "application/json");
+    }
     return httplib::Server::HandlerResponse::Handled;
   });
   http_->Post("/v1/chat/completions",
@@ -229,11 +238,17 @@ void HttpFrontEnd::Routes() {
     }
   });
   AdminRoutes();
+  OllamaRoutes();
   // Statuses cpp-httplib sets by itself (404 no route, 413 body too large, 400 bad request
   // line) get the same JSON error body as ours.
   http_->set_error_handler([this](const Request& req, Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 404) {
+    if (res.status == 404 && absl::StartsWith(req.path, "/api/")) {
+      res.set_content(Dump(json{{"error", absl::StrCat("no route for ", req.method, " ", req.path,
+                                                       " (docs/api.md lists Ollama's routes "
+                                                       "served here)")}}),
+                      "application/json");
+    } else if (res.status == 404) {
       SendError(res,
                 NotFound("not_found", absl::StrCat("no route for ", req.method, " ", req.path)));
     } else if (res.status == 413) {

@@ -67,6 +67,17 @@ class HttpFrontEnd {
   void HandleTokenize(const std::string& body, httplib::Response& res);
   void HandleDetokenize(const std::string& body, httplib::Response& res);
   void HandleHealth(httplib::Response& res);
+  // /v1/embeddings and Ollama's /api/* routes (server/http_ollama.cc).
+  void OllamaRoutes();
+  void HandleEmbeddings(const httplib::Request& req, httplib::Response& res,
+                        const std::string& body);
+  void HandleOllamaGeneration(const httplib::Request& req, httplib::Response& res,
+                              const std::string& body, bool chat);
+  void HandleOllamaEmbedding(const httplib::Request& req, httplib::Response& res,
+                             const std::string& body, bool legacy);
+  void HandleOllamaShow(httplib::Response& res, const std::string& body);
+  void HandleOllamaModels(httplib::Response& res, bool running);
+  void SendOllamaError(httplib::Response& res, const absl::Status& status) const;
   void SendError(httplib::Response& res, const absl::Status& status) const;
   void SendApiError(httplib::Response& res, const ApiError& error) const;
   ApiError PayloadTooLarge() const;

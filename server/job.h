@@ -32,6 +32,8 @@ struct GenerationStats {
   double queue_seconds = 0;    // waiting for a slot
   double ttft_seconds = -1;    // arrival to first token; -1 when none
   double total_seconds = 0;    // arrival to finish
+  double prompt_seconds = 0;   // prefill (the engine's measure)
+  double decode_seconds = 0;   // evaluating generated tokens
 };
 
 // One generated token's log-probability and its most likely alternatives.
@@ -51,6 +53,8 @@ class GenerationSink {
   // Returns false to stop generation (the consumer is gone): the per-token callback that can
   // say stop.
   virtual bool OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) = 0;
+  // An embedding job's vector of inputs[index] (ApiKind::kEmbedding), before OnFinish.
+  virtual void OnEmbedding(size_t index, std::vector<float> vector) {}
   // `error` is set when reason is kError; `cancel` says why when reason is kCancelled.
   virtual void OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
                         const absl::Status& error) = 0;

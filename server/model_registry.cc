@@ -63,7 +63,11 @@ ModelLease& ModelLease::operator=(ModelLease&& other) noexcept {
 }
 
 void ModelLease::EndUse() {
-  if (busy_) model_->leases_.fetch_sub(1, std::memory_order_relaxed);
+  if (busy_) {
+    model_->idle_since_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                              std::memory_order_relaxed);
+    model_->leases_.fetch_sub(1, std::memory_order_relaxed);
+  }
   busy_ = false;
 }
 
@@ -106,6 +110,8 @@ ModelRegistry::ModelRegistry(const std::vector<ModelConfig>& configs,
     models_.push_back(std::move(m));
   }
 }
+
+ModelRegistry::~ModelRegistry() { StopIdleUnloader(); }
 
 absl::StatusOr<std::optional<SparsePlan>> ModelRegistry::ResolveSparse(ServedModel* m,
                                                                        const LlamaModel& model,
@@ -234,6 +240,7 @@ absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
                                                "): ", s.message()));
   }
   (*l)->created = static_cast<int64_t>(std::time(nullptr));
+  (*l)->idle_since_.store(std::chrono::steady_clock::now().time_since_epoch().count());
   (*l)->SetEngine(*engine);
   const std::shared_ptr<const LoadedModel> loaded = std::move(*l);
   {
@@ -464,6 +471,79 @@ absl::Status ModelRegistry::UseSidecar(std::string_view name, const std::string&
     spdlog::info("model '{}' now served sparse from {}", m->config.name, sidecar_path);
   }
   return absl::OkStatus();
+}
+
+}  // namespace thermocline::server
+
+namespace thermocline::server {
+
+void ModelRegistry::SetKeepAlive(ServedModel* m, std::chrono::milliseconds keep_alive) {
+  m->keep_alive_ms.store(keep_alive.count() < 0 ? -1 : keep_alive.count());
+  if (keep_alive.count() < 0) return;
+  std::lock_guard<std::mutex> lock(idle_mu_);
+  if (!idle_thread_.joinable() && !idle_stop_) {
+    idle_thread_ = std::thread([this] { IdleUnloaderMain(); });
+  }
+  idle_cv_.notify_all();
+}
+
+std::optional<std::chrono::steady_clock::time_point> ModelRegistry::ExpiresAt(
+    const ServedModel& m) const {
+  const int64_t ms = m.keep_alive_ms.load();
+  const std::shared_ptr<const LoadedModel> l = m.loaded();
+  if (ms < 0 || l == nullptr) return std::nullopt;
+  const auto from = l->leases() > 0 ? std::chrono::steady_clock::now() : l->idle_since();
+  return from + std::chrono::milliseconds(ms);
+}
+
+bool ModelRegistry::Unload(ServedModel* m, const char* why) {
+  std::lock_guard<std::mutex> lock(load_mu_);
+  if (m->loaded() == nullptr) return false;
+  UnloadLocked(m, why);
+  NotifyUnloaded();
+  return true;
+}
+
+void ModelRegistry::StopIdleUnloader() {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(idle_mu_);
+    idle_stop_ = true;
+    idle_cv_.notify_all();
+    t = std::move(idle_thread_);
+  }
+  if (t.joinable()) t.join();
+}
+
+void ModelRegistry::IdleUnloaderMain() {
+  // How often the idle models are looked at: a keep_alive ends at most this late.
+  constexpr auto kTick = std::chrono::milliseconds(100);
+  std::unique_lock<std::mutex> lock(idle_mu_);
+  while (!idle_stop_) {
+    lock.unlock();
+    bool any = false;
+    for (ServedModel* m : models()) {
+      if (m->keep_alive_ms.load() < 0) continue;
+      any = true;  // looked at while unloaded too: a request may load it again
+      const std::optional<std::chrono::steady_clock::time_point> end = ExpiresAt(*m);
+      if (!end) continue;
+      if (std::chrono::steady_clock::now() < *end) continue;
+      std::lock_guard<std::mutex> load_lock(load_mu_);
+      const std::shared_ptr<const LoadedModel> l = m->loaded();
+      // Looked at again under the load lock: a request may have taken it meanwhile.
+      if (l == nullptr || l->leases() > 0 || m->keep_alive_ms.load() < 0) continue;
+      const auto again = ExpiresAt(*m);
+      if (again && std::chrono::steady_clock::now() < *again) continue;
+      UnloadLocked(m, "keep_alive ran out");
+      NotifyUnloaded();
+    }
+    lock.lock();
+    if (any) {
+      idle_cv_.wait_for(lock, kTick, [&] { return idle_stop_; });
+    } else {
+      idle_cv_.wait(lock);  // until a keep_alive is set, or the stop
+    }
+  }
 }
 
 }  // namespace thermocline::server

@@ -15,6 +15,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -78,6 +81,11 @@ struct LoadedModel {
   bool unloaded() const { return unloaded_.load(std::memory_order_acquire); }
   // Requests using it now: leases not ended (the LRU prefers to unload a model with none).
   int leases() const { return leases_.load(std::memory_order_relaxed); }
+  // When it last became idle (its last lease ended, or it loaded), on the steady clock.
+  std::chrono::steady_clock::time_point idle_since() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(idle_since_.load(std::memory_order_relaxed)));
+  }
   // The engine requests run on (engine/runtime/engine.h): dense or sparse, with its device
   // placement; its sparse copies are shared by every slot. Replaced when the model's sidecar
   // changes (ModelRegistry::UseSidecar); a slot picks up the new one between jobs, and the old
@@ -88,6 +96,8 @@ struct LoadedModel {
   friend class ModelRegistry;
   friend class ModelLease;
   mutable std::atomic<int> leases_{0};
+  mutable std::atomic<std::chrono::steady_clock::rep> idle_since_{
+      std::chrono::steady_clock::now().time_since_epoch().count()};
   mutable std::atomic<bool> unloaded_{false};
   std::shared_ptr<ResidentMemory> resident_;
   // Replaces the engine (the one part of a published load that changes) and charges its host
@@ -134,6 +144,9 @@ struct ServedModel {
   std::atomic<ModelState> state{ModelState::kLoading};
   std::atomic<bool> removed{false};
   std::atomic<uint64_t> last_use{0};  // the registry's use counter at its last request (LRU)
+  // How long the model stays loaded once idle (Ollama's keep_alive), in milliseconds; < 0:
+  // until the memory budget or a delete unloads it (the default). ModelRegistry::SetKeepAlive.
+  std::atomic<int64_t> keep_alive_ms{-1};
 
   // The loaded instance; null when it is not loaded. Thread-safe.
   std::shared_ptr<const LoadedModel> loaded() const;
@@ -169,6 +182,7 @@ class ModelRegistry {
  public:
   explicit ModelRegistry(const std::vector<ModelConfig>& configs,
                          const RegistryOptions& options = {});
+  ~ModelRegistry();  // StopIdleUnloader()
 
   // Loads every configured model in order (blocking; run it on a loader thread); under a memory
   // budget the ones that do not fit are unloaded again once checked. Returns the first error;
@@ -195,6 +209,18 @@ class ModelRegistry {
   absl::Status UseSidecar(std::string_view name, const std::string& sidecar_path);
   // Any state, removed excluded; null when unknown.
   ServedModel* Lookup(std::string_view name) const;
+
+  // Idle unloading (Ollama's keep_alive): `m` stays loaded for `keep_alive` after it becomes
+  // idle (no request on it), then unloads; it loads again on its next request. A negative
+  // duration: no idle unloading (the default). The first finite one starts the idle unloader's
+  // thread. Thread-safe.
+  void SetKeepAlive(ServedModel* m, std::chrono::milliseconds keep_alive);
+  // When `m` unloads if it stays idle; nullopt when it is not loaded or has no keep_alive.
+  std::optional<std::chrono::steady_clock::time_point> ExpiresAt(const ServedModel& m) const;
+  // Unloads `m` now (requests in flight finish on it first); false when it was not loaded.
+  bool Unload(ServedModel* m, const char* why);
+  // Stops and joins the idle unloader (before the unload listener's target goes away).
+  void StopIdleUnloader();
 
   // Called after models were unloaded (before the model that needed the room loads), so that the
   // owner of the slot sessions drops those of the unloaded models (Scheduler::ReleaseUnloaded)
@@ -223,6 +249,8 @@ class ModelRegistry {
   // Drops the registry's reference to m's instance. load_mu_ held.
   void UnloadLocked(ServedModel* m, const char* why);
   void NotifyUnloaded();
+  // The idle unloader's thread: unloads idle models whose keep_alive has run out.
+  void IdleUnloaderMain();
   // The sparse plan a model should use at load: its pending sidecar (from its job), the config's
   // (offline::ResolveSparsePlan: explicit, beside the model, a PowerInfer file's own), or dense.
   absl::StatusOr<std::optional<SparsePlan>> ResolveSparse(ServedModel* m, const LlamaModel& model,
@@ -242,6 +270,11 @@ class ModelRegistry {
   std::mutex load_mu_;
   mutable std::mutex mu_;  // guards models_ (the vector; entries are stable)
   std::vector<std::unique_ptr<ServedModel>> models_;
+
+  std::mutex idle_mu_;  // guards the three below; a leaf lock
+  std::condition_variable idle_cv_;
+  std::thread idle_thread_;
+  bool idle_stop_ = false;
 };
 
 }  // namespace thermocline::server

@@ -8,11 +8,14 @@
 #include <utility>
 #include <vector>
 
+#include "engine/runtime/embed.h"
 #include "engine/sampling/sampler.h"
 
 namespace thermocline::server {
 
-enum class ApiKind { kChat, kCompletion };
+// kEmbedding: a job that pools hidden states of `inputs` instead of generating
+// (server/embeddings.h); the generation fields are unused then.
+enum class ApiKind { kChat, kCompletion, kEmbedding };
 
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
@@ -31,6 +34,11 @@ struct GenerationRequest {
   bool include_usage = false;  // stream_options.include_usage
   // Chat messages dropped (oldest first) to fit the context: context_overflow "truncate".
   int32_t truncated_messages = 0;
+
+  // kEmbedding: each input's token ids (BOS included when the model wants one), each within the
+  // context, embedded in order; the sink gets one OnEmbedding per input.
+  std::vector<std::vector<int32_t>> inputs;
+  EmbedOptions embed;
 };
 
 }  // namespace thermocline::server

@@ -45,6 +45,13 @@ const QuantMix* FindQuantMix(std::string_view name) {
   return nullptr;
 }
 
+const QuantMix* FindQuantMixByFileType(uint32_t file_type) {
+  for (const QuantMix& m : kMixes) {
+    if (m.file_type == file_type) return &m;
+  }
+  return nullptr;
+}
+
 std::string QuantMixNames() {
   return absl::StrJoin(kMixes, ", ",
                        [](std::string* out, const QuantMix& m) { out->append(m.name); });

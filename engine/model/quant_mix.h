@@ -19,6 +19,8 @@ struct QuantMix {
 
 // nullptr for a name that is not a mix Thermocline writes.
 const QuantMix* FindQuantMix(std::string_view name);
+// The mix a file's general.file_type names; nullptr for one Thermocline does not write.
+const QuantMix* FindQuantMixByFileType(uint32_t file_type);
 // "f32, f16, bf16, q8_0, ..." for messages.
 std::string QuantMixNames();
 

@@ -69,6 +69,15 @@ Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64
 }
 
 absl::Status Session::Eval(absl::Span<const int32_t> tokens, float* all_logits) {
+  return EvalChunks(tokens, all_logits, nullptr);
+}
+
+absl::Status Session::EvalHidden(absl::Span<const int32_t> tokens, float* hidden) {
+  return EvalChunks(tokens, nullptr, hidden);
+}
+
+absl::Status Session::EvalChunks(absl::Span<const int32_t> tokens, float* all_logits,
+                                 float* hidden) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) return absl::OkStatus();
   if (n_past_ + n > n_ctx_) {
@@ -85,13 +94,15 @@ absl::Status Session::Eval(absl::Span<const int32_t> tokens, float* all_logits) 
   for (int64_t i = 0; i < n; i += max_batch_) {
     const int64_t chunk = std::min(max_batch_, n - i);
     absl::Status s =
-        Forward(tokens.data() + i, chunk, all_logits ? all_logits + i * n_vocab : nullptr);
+        Forward(tokens.data() + i, chunk, all_logits ? all_logits + i * n_vocab : nullptr,
+                hidden ? hidden + i * model_.hparams().n_embd : nullptr);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logits) {
+absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logits,
+                              float* hidden) {
   const LlamaHparams& h = model_.hparams();
   const int64_t d = h.n_embd;
   for (int64_t t = 0; t < n; ++t) {
@@ -112,7 +123,7 @@ absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logit
     }
     int64_t end = l + 1;
     while (end < h.n_layer && lb->Owns(end)) ++end;
-    if (end == h.n_layer && lb->Owns(h.n_layer)) {
+    if (end == h.n_layer && lb->Owns(h.n_layer) && hidden == nullptr) {
       float* out = all_logits != nullptr ? all_logits : logits_.data();
       absl::Status s =
           lb->Forward(l, end, x_.data(), n, n_past_, rope_.data(), out, all_logits != nullptr);
@@ -128,6 +139,13 @@ absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logit
     l = end;
   }
 
+  if (hidden != nullptr) {
+    for (int64_t t = 0; t < n; ++t) {
+      RmsNorm(x_.data() + t * d, model_.output_norm().data(), d, h.rms_eps, hidden + t * d);
+    }
+    n_past_ += n;
+    return absl::OkStatus();
+  }
   // Output head: every row when the caller wants all logits, else only the last token's.
   const int64_t first = all_logits ? 0 : n - 1;
   for (int64_t t = first; t < n; ++t) {

@@ -46,6 +46,10 @@ class Session {
   // logits() then holds the last token's logits. When all_logits is given it receives
   // tokens.size() rows of n_vocab logits, one per token.
   absl::Status Eval(absl::Span<const int32_t> tokens, float* all_logits = nullptr);
+  // Evaluates tokens as Eval does, but instead of the output head writes each token's final
+  // hidden state, after the output norm: hidden: (tokens.size(), n_embd). logits() is left as
+  // it was. What embeddings are pooled from (engine/runtime/embed.h).
+  absl::Status EvalHidden(absl::Span<const int32_t> tokens, float* hidden);
 
   const float* logits() const { return logits_.data(); }
   float* mutable_logits() { return logits_.data(); }
@@ -73,7 +77,10 @@ class Session {
 
  private:
   Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch);
-  absl::Status Forward(const int32_t* tokens, int64_t n, float* all_logits);
+  // The checks and the chunking of Eval and EvalHidden.
+  absl::Status EvalChunks(absl::Span<const int32_t> tokens, float* all_logits, float* hidden);
+  // hidden: when given, the normed final states instead of any logits.
+  absl::Status Forward(const int32_t* tokens, int64_t n, float* all_logits, float* hidden);
   void CpuLayer(int layer, int64_t n);
   void Attention(int layer, int64_t n);
   // out: (n, n_embd) = the experts of `layer` on xn, weighted by the router.

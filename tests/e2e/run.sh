@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs the OpenAI Node client end-to-end test against `thermocline serve`.
+# Runs the end-to-end tests of the official OpenAI Node client and Ollama JavaScript client
+# against `thermocline serve`.
 # usage: tests/e2e/run.sh PATH/TO/thermocline
 # Exit 77 (ctest: skipped) when node or npm is missing; otherwise node --test's status.
-# Installs the client (npm ci from package-lock.json) on first use.
+# Installs the clients (npm ci from package-lock.json) when one is missing.
 set -euo pipefail
 BIN=$(realpath "${1:?usage: run.sh PATH/TO/thermocline}")
 cd "$(dirname "$0")"
@@ -15,7 +16,7 @@ if [ ! -f "$MODELS/stories260K.gguf" ]; then
   echo "e2e: no test model at $MODELS/stories260K.gguf (set THERMOCLINE_TEST_MODELS)" >&2
   exit 1
 fi
-if [ ! -d node_modules/openai ]; then
+if [ ! -d node_modules/openai ] || [ ! -d node_modules/ollama ]; then
   if [ -f package-lock.json ]; then
     npm ci --no-audit --no-fund --loglevel=error
   else
@@ -23,4 +24,4 @@ if [ ! -d node_modules/openai ]; then
   fi
 fi
 export THERMOCLINE_BIN="$BIN" THERMOCLINE_TEST_MODELS="$MODELS"
-exec node --test --test-reporter=spec openai.test.mjs
+exec node --test --test-reporter=spec openai.test.mjs ollama.test.mjs
