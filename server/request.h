@@ -4,15 +4,24 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/sampling/grammar.h"
 #include "engine/sampling/sampler.h"
+#include "engine/sampling/token_trie.h"
 
 namespace thermocline::server {
 
 enum class ApiKind { kChat, kCompletion };
+
+// How a model writes tool calls (server/tool_calls.h parses them and builds their grammar):
+//   kHermes   <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>  (Hermes, Qwen, generic)
+//   kLlama3   {"name": ..., "parameters": {...}}                          (Llama 3.x JSON)
+//   kMistral  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]        (Mistral v0.3)
+enum class ToolCallFormat { kHermes, kLlama3, kMistral };
 
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
@@ -29,6 +38,17 @@ struct GenerationRequest {
   bool token_ids = false;    // the sink gets a TokenLogprobs (id) per token even without logprobs
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+
+  // Constrained output (grammar, response_format, a tool_choice that forces a call): the
+  // grammar the output must match and the model's vocabulary trie its matcher walks; both
+  // null when unconstrained, both shared and immutable.
+  std::shared_ptr<const Grammar> grammar;
+  std::shared_ptr<const TokenTrie> vocab_trie;
+  // Chat with tools (tool_choice not "none"): the output's tool calls are parsed out of it in
+  // this format and returned as tool_calls; with parallel_tool_calls false only the first.
+  bool parse_tool_calls = false;
+  ToolCallFormat tool_format = ToolCallFormat::kHermes;
+  bool parallel_tool_calls = true;
 };
 
 }  // namespace thermocline::server

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "server/constrained_output.h"
 #include "server/errors.h"
 
 namespace thermocline::server {
@@ -71,10 +72,11 @@ absl::StatusOr<std::vector<int32_t>> BuildPrompt(const GenerationSpec& spec,
     if (spec.messages.empty()) {
       return InvalidRequest("messages", "invalid_value", "'messages' must not be empty");
     }
+    ChatInputs inputs = ChatInputsFor(spec, *model.chat_template);
     ChatRenderOptions options;
-    options.tools = spec.tools;
+    options.tools = std::move(inputs.tools);
     options.variables = spec.chat_template_kwargs;
-    auto text = model.chat_template->Render(spec.messages, options);
+    auto text = model.chat_template->Render(inputs.messages, options);
     if (!text.ok()) {
       return InvalidRequest("messages", "invalid_value", std::string(text.status().message()));
     }
@@ -164,6 +166,7 @@ absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const
     if (!(bias >= -100 && bias <= 100)) return OutOfRange("logit_bias", bias, "[-100, 100]");
     r.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
   }
+  if (absl::Status s = ApplyOutputConstraints(spec, model, &r); !s.ok()) return s;
   r.ignore_eos = spec.ignore_eos;
   r.stream = spec.stream;
   r.include_usage = spec.include_usage;

@@ -73,5 +73,9 @@ absl::StatusOr<std::shared_ptr<const Engine>> EngineFromArgs(const Args& args,
 absl::StatusOr<std::unique_ptr<EngineSession>> SessionFor(const Engine& engine, ThreadPool* pool);
 // bench --gpu-compare (tools/cmd_bench_gpu.cc): hybrid sparse vs -ngl dense vs CPU decode.
 int RunBenchGpuCompare(const Args& args);
+// bench --json-schema FILE (tools/cmd_bench_grammar.cc): greedy decode tokens/s with and
+// without the schema's grammar constraint, interleaved, on one session of `engine`.
+int RunBenchGrammar(const Args& args, const Engine& engine, ThreadPool& pool,
+                    int64_t gen_tokens, int repetitions);
 
 }  // namespace thermocline::cli

@@ -2,7 +2,8 @@
 // prefill the prompt, then sample, detokenize and evaluate token by token, handing each token to
 // a callback that can stop generation. The daemon's stop strings, deadline, streaming and
 // metrics live in its callback (server/decode_loop.cc); this loop owns sampling, the logit bias,
-// end-of-generation and stop tokens, the context limit and the raw logits for logprobs.
+// end-of-generation and stop tokens, the grammar mask, the context limit and the raw logits
+// for logprobs.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/session.h"
+#include "engine/sampling/grammar_matcher.h"
 #include "engine/sampling/sampler.h"
 
 namespace thermocline {
@@ -43,6 +45,11 @@ struct GenerateOptions {
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
   // GeneratedToken::logits carries each token's logits before bias and sampling (logprobs).
   bool raw_logits = false;
+  // Grammar-constrained sampling (not owned; its state is advanced past every generated
+  // token): tokens the grammar does not allow next are masked out before sampling, end tokens
+  // (and stop_tokens) are allowed only where the grammar can end, and generation ends with
+  // kEndOfGeneration once the grammar is complete. A state no token can continue is an error.
+  GrammarMatcher* grammar = nullptr;
 };
 
 struct GeneratedToken {
