@@ -44,8 +44,19 @@ bool ForcesCall(const GenerationSpec& spec) {
 ChatInputs ChatInputsFor(const GenerationSpec& spec, const ChatTemplate& chat_template) {
   ChatInputs in;
   const bool with_tools = !spec.tools.is_null() && spec.tool_choice != "none";
+  // A named function is the only one the model can call: the only one it is shown.
+  nlohmann::ordered_json tools = spec.tools;
+  if (with_tools && spec.tool_choice == "function") {
+    tools = nlohmann::ordered_json::array();
+    for (const auto& t : spec.tools) {
+      if (t.contains("function") && t["function"].value("name", "") == spec.tool_choice_function) {
+        tools.push_back(t);
+      }
+    }
+    if (tools.empty()) tools = spec.tools;  // an unknown name is refused by the grammar's build
+  }
   if (chat_template.renders_tools()) {
-    if (with_tools) in.tools = spec.tools;
+    if (with_tools) in.tools = std::move(tools);
     in.messages = spec.messages;
     return in;
   }
@@ -55,7 +66,7 @@ ChatInputs ChatInputsFor(const GenerationSpec& spec, const ChatTemplate& chat_te
     in.messages = spec.messages;
     return in;
   }
-  in.messages = WithToolPrompt(spec.messages, with_tools ? spec.tools : nlohmann::ordered_json());
+  in.messages = WithToolPrompt(spec.messages, with_tools ? tools : nlohmann::ordered_json());
   return in;
 }
 

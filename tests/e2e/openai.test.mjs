@@ -181,17 +181,16 @@ const weatherParameters = {
   properties: {
     city: { type: 'string', maxLength: 16 },
     unit: { enum: ['celsius', 'fahrenheit'] },
-    days: { type: 'integer', minimum: 1, maximum: 7 },
   },
-  required: ['city', 'unit', 'days'],
+  required: ['city', 'unit'],
   additionalProperties: false,
 };
 const tools = [
   { type: 'function',
-    function: { name: 'get_weather', description: 'The weather in a city', parameters: weatherParameters } },
-  { type: 'function',
-    function: { name: 'get_time', parameters: { type: 'object', properties: {}, additionalProperties: false } } },
+    function: { name: 'get_weather', parameters: weatherParameters } },
+  { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } },
 ];
+// The story model's context is 512 tokens; a tool's schema costs ~150 of them in the prompt.
 const ajv = new Ajv({ strict: true });
 const validWeather = ajv.compile(weatherParameters);
 
@@ -201,7 +200,7 @@ test('tool_choice required gives tool_calls whose arguments validate against the
     messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
     tools,
     tool_choice: { type: 'function', function: { name: 'get_weather' } },
-    max_tokens: 200,
+    max_tokens: 150,
     temperature: 0,
   });
   const choice = c.choices[0];
@@ -222,7 +221,7 @@ test('tool_choice required gives tool_calls whose arguments validate against the
       messages: [{ role: 'user', content: 'Once upon a time' }],
       tools,
       tool_choice: 'required',
-      max_tokens: 200,
+      max_tokens: 160,
       temperature: 1,
       seed,
     });
@@ -259,7 +258,7 @@ test('streamed tool_calls accumulate to the non-streamed call', async () => {
     messages: [{ role: 'user', content: 'What is the weather in Oslo?' }],
     tools,
     tool_choice: { type: 'function', function: { name: 'get_weather' } },
-    max_tokens: 200,
+    max_tokens: 150,
     temperature: 0,
   };
   const whole = await client.chat.completions.create(request);
