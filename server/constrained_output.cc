@@ -43,7 +43,8 @@ bool ForcesCall(const GenerationSpec& spec) {
 
 ChatInputs ChatInputsFor(const GenerationSpec& spec, const ChatTemplate& chat_template) {
   ChatInputs in;
-  const bool with_tools = !spec.tools.is_null() && spec.tool_choice != "none";
+  const bool with_tools =
+      spec.tools.is_array() && !spec.tools.empty() && spec.tool_choice != "none";
   // A named function is the only one the model can call: the only one it is shown.
   nlohmann::ordered_json tools = spec.tools;
   if (with_tools && spec.tool_choice == "function") {
@@ -56,7 +57,12 @@ ChatInputs ChatInputsFor(const GenerationSpec& spec, const ChatTemplate& chat_te
     if (tools.empty()) tools = spec.tools;  // an unknown name is refused by the grammar's build
   }
   if (chat_template.renders_tools()) {
-    if (with_tools) in.tools = std::move(tools);
+    // As sent (an empty list too: templates may test `tools is not none`), unless "none".
+    if (with_tools) {
+      in.tools = std::move(tools);
+    } else if (spec.tool_choice != "none") {
+      in.tools = spec.tools;
+    }
     in.messages = spec.messages;
     return in;
   }
@@ -72,7 +78,7 @@ ChatInputs ChatInputsFor(const GenerationSpec& spec, const ChatTemplate& chat_te
 
 absl::Status ApplyOutputConstraints(const GenerationSpec& spec, const LoadedModel& model,
                                     GenerationRequest* request) {
-  const bool has_tools = !spec.tools.is_null();
+  const bool has_tools = spec.tools.is_array() && !spec.tools.empty();
   if (!spec.tool_choice.empty() && spec.tool_choice != "none" && spec.tool_choice != "auto" &&
       !has_tools) {
     return InvalidRequest("tool_choice", "invalid_value",

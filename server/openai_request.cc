@@ -313,7 +313,7 @@ absl::Status TemplateInputs(const json& body, OrderedBody& ordered, GenerationSp
   if (kwargs != nullptr && !kwargs->is_object()) {
     return WrongType("chat_template_kwargs", "an object");
   }
-  if (tools != nullptr && !tools->empty()) spec->tools = ordered.get()["tools"];
+  if (tools != nullptr) spec->tools = ordered.get()["tools"];
   if (kwargs != nullptr) spec->chat_template_kwargs = ordered.get()["chat_template_kwargs"];
   return absl::OkStatus();
 }

@@ -130,17 +130,20 @@ std::vector<ChatMessage> WithToolPrompt(const std::vector<ChatMessage>& messages
   std::vector<ChatMessage> out;
   out.reserve(messages.size() + 1);
   if (tools.is_null()) prompt.clear();
-  if (!prompt.empty() && (messages.empty() || messages.front().role != "system")) {
-    ChatMessage system;
-    system.role = "system";
-    system.content = std::move(prompt);
-    out.push_back(std::move(system));
-  }
+  // Into the system message, or the first user message when there is none: a role the
+  // conversation did not have may be one the template refuses (Gemma's have no system role).
+  const bool has_system = !messages.empty() && messages.front().role == "system";
+  bool placed = prompt.empty();
   for (size_t i = 0; i < messages.size(); ++i) {
     ChatMessage m = messages[i];
-    if (i == 0 && m.role == "system" && !prompt.empty()) {
+    if (!placed && has_system && i == 0) {
       m.content = absl::StrCat(m.content, m.content.empty() ? "" : "\n\n", prompt);
       m.content_parts.clear();
+      placed = true;
+    } else if (!placed && !has_system && m.role == "user") {
+      m.content = absl::StrCat(prompt, "\n\n", m.content);
+      m.content_parts.clear();
+      placed = true;
     }
     for (const ChatToolCall& call : m.tool_calls) {
       const auto args = nlohmann::ordered_json::parse(call.arguments, nullptr, false);
@@ -158,6 +161,12 @@ std::vector<ChatMessage> WithToolPrompt(const std::vector<ChatMessage>& messages
       m.content_parts.clear();
     }
     out.push_back(std::move(m));
+  }
+  if (!placed) {
+    ChatMessage system;
+    system.role = "system";
+    system.content = std::move(prompt);
+    out.insert(out.begin(), std::move(system));
   }
   return out;
 }

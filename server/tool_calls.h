@@ -29,7 +29,7 @@ ToolCallGrammarOptions ToolCallGrammarFor(ToolCallFormat format);
 std::string NewToolCallId(ToolCallFormat format);
 
 // For a template that does not render `tools`: the tools and how to call them (Hermes format)
-// added to the system message (one is made when there is none), and earlier assistant turns'
+// added to the system message (else to the first user message), and earlier assistant turns'
 // tool_calls written into their content as that format, so the model sees its own calls, and
 // tool results wrapped in <tool_response> tags. `tools` null: only the history is rewritten.
 std::vector<ChatMessage> WithToolPrompt(const std::vector<ChatMessage>& messages,

@@ -203,7 +203,7 @@ TEST_CASE("the tool-call format follows the chat template", "[tool_calls]") {
   CHECK(ToolCallGrammarFor(ToolCallFormat::kLlama3).arguments_key == "parameters");
 }
 
-TEST_CASE("templates without tools get them in the system message", "[tool_calls]") {
+TEST_CASE("templates without tools get them in the prompt", "[tool_calls]") {
   ChatMessage user{"user", "What is the weather?"};
   ChatMessage assistant;
   assistant.role = "assistant";
@@ -214,18 +214,26 @@ TEST_CASE("templates without tools get them in the system message", "[tool_calls
   const auto tools = nlohmann::ordered_json::parse(
       R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])");
   const std::vector<ChatMessage> out = WithToolPrompt({user, assistant, tool}, tools);
-  REQUIRE(out.size() == 4);
-  CHECK(out[0].role == "system");
-  CHECK(out[0].content.find("\"name\":\"get_weather\"") != std::string::npos);
+  // No system message: the tools go before the first user message's text.
+  REQUIRE(out.size() == 3);
+  CHECK(out[0].role == "user");
+  CHECK(out[0].content.find("{\"name\":\"get_weather\"") != std::string::npos);
   CHECK(out[0].content.find("<tool_call>") != std::string::npos);
-  CHECK(out[2].tool_calls.empty());
-  CHECK(out[2].content ==
+  CHECK(out[0].content.ends_with("\n\nWhat is the weather?"));
+  CHECK(out[1].tool_calls.empty());
+  CHECK(out[1].content ==
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call>");
   // What the model is told to write is what the parser reads.
-  const ParsedOutput parsed = ParseToolCalls(out[2].content, ToolCallFormat::kHermes, true);
+  const ParsedOutput parsed = ParseToolCalls(out[1].content, ToolCallFormat::kHermes, true);
   REQUIRE(parsed.calls.size() == 1);
   CHECK(parsed.calls[0].name == "get_weather");
-  CHECK(out[3].content == "<tool_response>\nsunny\n</tool_response>");
+  CHECK(out[2].content == "<tool_response>\nsunny\n</tool_response>");
+  // With a system message, the tools go there.
+  ChatMessage system{"system", "Be brief."};
+  const std::vector<ChatMessage> with_system = WithToolPrompt({system, user}, tools);
+  REQUIRE(with_system.size() == 2);
+  CHECK(with_system[0].content.rfind("Be brief.\n\nFunctions you can call:", 0) == 0);
+  CHECK(with_system[1].content == "What is the weather?");
 }
 
 }  // namespace
