@@ -116,12 +116,12 @@ absl::Status ApplyOutputConstraints(const GenerationSpec& spec, const LoadedMode
     JsonGrammarOptions options;
     options.strict = spec.json_schema_strict;
     const nlohmann::ordered_json& schema = spec.json_schema;
-    auto text = schema.is_boolean() ? (schema.get<bool>() ? absl::StatusOr<std::string>(
-                                                               JsonObjectGbnf(options))
-                                                         : absl::InvalidArgumentError(
-                                                               "json_schema: the schema false "
+    auto text =
+        schema.is_boolean()
+            ? (schema.get<bool>() ? absl::StatusOr<std::string>(JsonObjectGbnf(options))
+                                  : absl::InvalidArgumentError("json_schema: the schema false "
                                                                "allows no output"))
-                                    : JsonSchemaToGbnf(schema, options);
+            : JsonSchemaToGbnf(schema, options);
     if (!text.ok()) {
       return InvalidRequest("response_format.json_schema.schema", "invalid_value",
                             std::string(text.status().message()));
@@ -133,8 +133,8 @@ absl::Status ApplyOutputConstraints(const GenerationSpec& spec, const LoadedMode
     if (spec.tool_choice == "function") options.only = {spec.tool_choice_function};
     auto text = ToolCallGbnf(spec.tools, options);
     if (!text.ok()) {
-      const bool choice = spec.tool_choice == "function" &&
-                          text.status().message().find("tool_choice") == 0;
+      const bool choice =
+          spec.tool_choice == "function" && text.status().message().find("tool_choice") == 0;
       return InvalidRequest(choice ? "tool_choice" : "tools", "invalid_value",
                             std::string(text.status().message()));
     }

@@ -329,10 +329,11 @@ absl::Status ToolChoice(const json& body, GenerationSpec* spec) {
   if (choice->is_string()) {
     const std::string c = choice->get<std::string>();
     if (c != "auto" && c != "none" && c != "required") {
-      return InvalidRequest("tool_choice", "invalid_value",
-                            absl::StrCat("tool_choice '", c,
-                                         "' is not one of auto, none, required or "
-                                         "{\"type\": \"function\", \"function\": {\"name\": ...}}"));
+      return InvalidRequest(
+          "tool_choice", "invalid_value",
+          absl::StrCat("tool_choice '", c,
+                       "' is not one of auto, none, required or "
+                       "{\"type\": \"function\", \"function\": {\"name\": ...}}"));
     }
     spec->tool_choice = c;
     return absl::OkStatus();
@@ -418,14 +419,16 @@ absl::Status RefuseUnsupported(const json& body, ApiKind kind) {
     }
   }
   if (const json* store = Field(body, "store"); store != nullptr && *store == true) {
-    return InvalidRequest("store", "unsupported_value",
-                          "stored completions are not supported; send store: false or leave it out");
+    return InvalidRequest(
+        "store", "unsupported_value",
+        "stored completions are not supported; send store: false or leave it out");
   }
   if (const json* m = Field(body, "modalities")) {
     if (!m->is_array()) return WrongType("modalities", "an array of strings");
     for (const json& v : *m) {
       if (v != "text") {
-        return InvalidRequest("modalities", "unsupported_value", "only the 'text' modality is supported");
+        return InvalidRequest("modalities", "unsupported_value",
+                              "only the 'text' modality is supported");
       }
     }
   }

@@ -184,7 +184,7 @@ ResponseMeta NewResponseMeta(const GenerationRequest& request, const Tokenizer& 
 
 const char* FinishReasonText(StopReason reason) {
   return reason == StopReason::kEndOfGeneration || reason == StopReason::kStopSequence ? "stop"
-                                                                                      : "length";
+                                                                                       : "length";
 }
 
 const char* FinishReasonText(StopReason reason, int tool_calls) {

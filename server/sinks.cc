@@ -10,8 +10,8 @@ bool CollectingSink::OnDelta(std::string_view text, absl::Span<const TokenLogpro
   return true;
 }
 
-void CollectingSink::OnFinish(StopReason reason, CancelReason cancel,
-                              const GenerationStats& stats, const absl::Status& error) {
+void CollectingSink::OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
+                              const absl::Status& error) {
   std::lock_guard<std::mutex> lock(mu_);
   reason_ = reason;
   cancel_ = cancel;

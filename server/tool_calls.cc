@@ -147,9 +147,10 @@ std::vector<ChatMessage> WithToolPrompt(const std::vector<ChatMessage>& messages
     }
     for (const ChatToolCall& call : m.tool_calls) {
       const auto args = nlohmann::ordered_json::parse(call.arguments, nullptr, false);
-      absl::StrAppend(&m.content, m.content.empty() ? "" : "\n", kHermesOpen, "\n{\"name\": ",
-                      nlohmann::json(call.name).dump(), ", \"arguments\": ",
-                      args.is_discarded() ? "{}" : args.dump(), "}\n", kHermesClose);
+      absl::StrAppend(&m.content, m.content.empty() ? "" : "\n", kHermesOpen,
+                      "\n{\"name\": ", nlohmann::json(call.name).dump(),
+                      ", \"arguments\": ", args.is_discarded() ? "{}" : args.dump(), "}\n",
+                      kHermesClose);
     }
     if (!m.tool_calls.empty()) {
       m.tool_calls.clear();

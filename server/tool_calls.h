@@ -64,11 +64,11 @@ class ToolCallParser {
 
  private:
   enum class Mode {
-    kContent,      // message text; markers looked for
-    kBeforeList,   // Mistral: after [TOOL_CALLS], before '['
-    kInCall,       // before and inside a call's object
-    kAfterCall,    // after a call's '}': its closing marker (Hermes), ',' or ']' (Mistral)
-    kDone,         // parallel false and one call done: the rest is dropped
+    kContent,     // message text; markers looked for
+    kBeforeList,  // Mistral: after [TOOL_CALLS], before '['
+    kInCall,      // before and inside a call's object
+    kAfterCall,   // after a call's '}': its closing marker (Hermes), ',' or ']' (Mistral)
+    kDone,        // parallel false and one call done: the rest is dropped
   };
   void Step(char c, ToolCallEvents& out);
   void StepCall(char c, ToolCallEvents& out);
@@ -100,8 +100,8 @@ class ToolCallParser {
   bool in_key_ = false;
   bool in_value_ = false;
   std::string key_;
-  std::string value_;  // the current depth-1 value's raw text
-  std::string name_;   // the function name, once its value has ended
+  std::string value_;     // the current depth-1 value's raw text
+  std::string name_;      // the function name, once its value has ended
   bool started_ = false;  // CallStart sent for this call
   bool args_seen_ = false;
   bool args_is_string_ = false;

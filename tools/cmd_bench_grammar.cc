@@ -28,8 +28,8 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
-int RunBenchGrammar(const Args& args, const Engine& engine, ThreadPool& pool,
-                    int64_t gen_tokens, int repetitions) {
+int RunBenchGrammar(const Args& args, const Engine& engine, ThreadPool& pool, int64_t gen_tokens,
+                    int repetitions) {
   const std::string path = *args.Get("--json-schema");
   std::ifstream f(path);
   if (!f) return Fail("bench", absl::NotFoundError(absl::StrCat("cannot read ", path)));
@@ -45,9 +45,9 @@ int RunBenchGrammar(const Args& args, const Engine& engine, ThreadPool& pool,
       args.Get("--prompt").value_or("A person, described as a JSON object:");
   const std::vector<int32_t> prompt = tok.Encode(prompt_text, tok.add_bos());
   if (static_cast<int64_t>(prompt.size()) + gen_tokens + 1 > engine.n_ctx()) {
-    return Fail("bench", absl::InvalidArgumentError(absl::StrCat(
-                             "the prompt has ", prompt.size(),
-                             " tokens; raise --prompt-tokens to at least that")));
+    return Fail("bench", absl::InvalidArgumentError(
+                             absl::StrCat("the prompt has ", prompt.size(),
+                                          " tokens; raise --prompt-tokens to at least that")));
   }
   auto session = SessionFor(engine, &pool);
   if (!session.ok()) return Fail("bench", session.status());

@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<EngineSession>> SessionFor(const Engine& engine, 
 int RunBenchGpuCompare(const Args& args);
 // bench --json-schema FILE (tools/cmd_bench_grammar.cc): greedy decode tokens/s with and
 // without the schema's grammar constraint, interleaved, on one session of `engine`.
-int RunBenchGrammar(const Args& args, const Engine& engine, ThreadPool& pool,
-                    int64_t gen_tokens, int repetitions);
+int RunBenchGrammar(const Args& args, const Engine& engine, ThreadPool& pool, int64_t gen_tokens,
+                    int repetitions);
 
 }  // namespace thermocline::cli

@@ -131,8 +131,8 @@ absl::StatusOr<GenerationResult> Generate(Session& session, absl::Span<const int
     const std::string text = detok.Push(id);
     result.text += text;
     if (on_token) {
-      const TokenAction action = on_token(
-          GeneratedToken{id, i, text, options.raw_logits ? raw_logits.data() : nullptr});
+      const TokenAction action =
+          on_token(GeneratedToken{id, i, text, options.raw_logits ? raw_logits.data() : nullptr});
       if (action != TokenAction::kContinue) {
         result.stop_reason =
             action == TokenAction::kStop ? StopReason::kStopSequence : StopReason::kCancelled;

@@ -56,8 +56,10 @@ std::string Validate(const json& v, const json& s, const std::string& at = "$") 
   }
   if (type == "integer") {
     if (!v.is_number_integer()) return at + ": not an integer";
-    if (s.contains("minimum") && v.get<int64_t>() < s["minimum"].get<int64_t>()) return at + ": low";
-    if (s.contains("maximum") && v.get<int64_t>() > s["maximum"].get<int64_t>()) return at + ": high";
+    if (s.contains("minimum") && v.get<int64_t>() < s["minimum"].get<int64_t>())
+      return at + ": low";
+    if (s.contains("maximum") && v.get<int64_t>() > s["maximum"].get<int64_t>())
+      return at + ": high";
     return "";
   }
   if (type == "boolean") return v.is_boolean() ? "" : at + ": not a boolean";
@@ -143,9 +145,9 @@ TEST_CASE("response_format json_schema and json_object give valid JSON", "[serve
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
   json req = ChatRequest("Tell me about a girl.");
-  req["response_format"] = {{"type", "json_schema"},
-                            {"json_schema",
-                             {{"name", "person"}, {"schema", "SCHEMA"}, {"strict", true}}}};
+  req["response_format"] = {
+      {"type", "json_schema"},
+      {"json_schema", {{"name", "person"}, {"schema", "SCHEMA"}, {"strict", true}}}};
   const json c = PostText(d.port(), "/v1/chat/completions", WithSchema(req));
   CHECK(c["choices"][0]["finish_reason"] == "stop");
   const json person = ContentJson(c);
@@ -185,8 +187,9 @@ TEST_CASE("the grammar field constrains chat and completions", "[server][constra
   DaemonProcess d;
   const std::string gbnf = "root ::= answer \".\"\nanswer ::= \"yes\" | \"no\" | \"maybe\"\n";
   for (double temp : {0.0, 1.0}) {
-    json comp = {{"model", kModelName}, {"prompt", "Lily said"}, {"max_tokens", 20},
-                 {"temperature", temp}, {"seed", 7},              {"grammar", gbnf}};
+    json comp = {{"model", kModelName}, {"prompt", "Lily said"},
+                 {"max_tokens", 20},    {"temperature", temp},
+                 {"seed", 7},           {"grammar", gbnf}};
     const json r = PostOk(d.port(), "/v1/completions", comp);
     const std::string text = r["choices"][0]["text"];
     INFO(text);
@@ -386,8 +389,8 @@ TEST_CASE("bad grammars, schemas, tool choices and unsupported fields are 400",
   CHECK(e["param"] == "response_format.json_schema.schema");
   CHECK(e["message"].get<std::string>().find("multipleOf") != std::string::npos);
   s["response_format"]["json_schema"]["strict"] = true;
-  s["response_format"]["json_schema"]["schema"] = {
-      {"type", "object"}, {"properties", {{"a", {{"type", "string"}}}}}};
+  s["response_format"]["json_schema"]["schema"] = {{"type", "object"},
+                                                   {"properties", {{"a", {{"type", "string"}}}}}};
   e = Error400(port, "/v1/chat/completions", s);
   CHECK(e["param"] == "response_format.json_schema.schema");
   s["response_format"] = {{"type", "json_schema"}};

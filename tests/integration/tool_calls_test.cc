@@ -1,10 +1,10 @@
 // The tool-call parser of server/tool_calls.h on each family's format: whole text and streamed
 // a character at a time give the same content and calls, markers split over pushes are held
 // back, text that is not a call stays content, and arguments stream once the name is known.
-#include "daemon_fixture.h"
-
-#include "nlohmann/json.hpp"
 #include "server/tool_calls.h"
+
+#include "daemon_fixture.h"
+#include "nlohmann/json.hpp"
 
 namespace thermocline::server {
 namespace {
@@ -146,8 +146,9 @@ TEST_CASE("tool call parser: arguments before the name, and arguments as a strin
   REQUIRE(before.calls.size() == 1);
   CHECK(before.calls[0].name == "f");
   CHECK(Args(before.calls[0]) == nlohmann::json::parse(R"({"a": [1, {"b": "}"}]})"));
-  const ParsedOutput str = Parse(
-      R"(<tool_call>{"name": "f", "arguments": "{\"a\": 1}"}</tool_call>)", ToolCallFormat::kHermes);
+  const ParsedOutput str =
+      Parse(R"(<tool_call>{"name": "f", "arguments": "{\"a\": 1}"}</tool_call>)",
+            ToolCallFormat::kHermes);
   REQUIRE(str.calls.size() == 1);
   CHECK(str.calls[0].arguments == R"({"a": 1})");
 }
@@ -160,8 +161,8 @@ TEST_CASE("llama 3 tool calls: a JSON object as the whole message", "[tool_calls
   REQUIRE(out.calls.size() == 1);
   CHECK(out.calls[0].name == "get_weather");
   CHECK(Args(out.calls[0]) == nlohmann::json{{"city", "Oslo"}});
-  const ParsedOutput tagged = Parse(
-      "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}", ToolCallFormat::kLlama3);
+  const ParsedOutput tagged =
+      Parse("<|python_tag|>{\"name\": \"f\", \"parameters\": {}}", ToolCallFormat::kLlama3);
   REQUIRE(tagged.calls.size() == 1);
   CHECK(tagged.calls[0].name == "f");
 }
@@ -178,7 +179,8 @@ TEST_CASE("mistral tool calls: a list after [TOOL_CALLS], or the list alone", "[
   CHECK(Args(out.calls[1]) == nlohmann::json{{"y", "z"}});
   // Mistral's templates refuse call ids other than 9 letters or digits.
   CHECK(out.calls[0].id.size() == 9);
-  const ParsedOutput bare = Parse("[{\"name\": \"a\", \"arguments\": {}}]", ToolCallFormat::kMistral);
+  const ParsedOutput bare =
+      Parse("[{\"name\": \"a\", \"arguments\": {}}]", ToolCallFormat::kMistral);
   REQUIRE(bare.calls.size() == 1);
   CHECK(bare.calls[0].arguments == "{}");
 }
@@ -222,7 +224,8 @@ TEST_CASE("templates without tools get them in the prompt", "[tool_calls]") {
   CHECK(out[0].content.ends_with("\n\nWhat is the weather?"));
   CHECK(out[1].tool_calls.empty());
   CHECK(out[1].content ==
-        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call>");
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+        "{\"city\":\"Paris\"}}\n</tool_call>");
   // What the model is told to write is what the parser reads.
   const ParsedOutput parsed = ParseToolCalls(out[1].content, ToolCallFormat::kHermes, true);
   REQUIRE(parsed.calls.size() == 1);
