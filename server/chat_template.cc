@@ -11,6 +11,7 @@
 #include "server/chat_template_families.h"
 #include "server/jinja/json.h"
 #include "server/jinja/template.h"
+#include "server/tool_calls.h"
 
 namespace thermocline::server {
 namespace {
@@ -133,6 +134,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::string_view override_name
     if (!tool_use.ok()) return tool_use.status();
     t.jinja_tool_use_ = std::move(*tool_use);
   }
+  t.tool_format_ = DetectToolCallFormat(std::string(template_text) + std::string(tool_use_text));
+  t.renders_tools_ = template_text.find("tools") != std::string_view::npos ||
+                     tool_use_text.find("tools") != std::string_view::npos;
   for (std::string_view marker : kTurnEnds) {
     const bool used = template_text.find(marker) != std::string_view::npos ||
                       tool_use_text.find(marker) != std::string_view::npos;

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "server/request.h"
 
 namespace thermocline::server {
 
@@ -103,6 +104,12 @@ class ChatTemplate {
   // Stop strings the family implies (the fallback's "\nUser:"), added to the request's own.
   const std::vector<std::string>& implied_stops() const;
 
+  // How the model writes tool calls (server/tool_calls.h), from the template's text.
+  ToolCallFormat tool_format() const { return tool_format_; }
+  // The template reads `tools`; else a request's tools are described to the model in the
+  // system message (WithToolPrompt).
+  bool renders_tools() const { return renders_tools_; }
+
  private:
   ChatTemplate(const Family* family, ChatSpecialTexts specials);
   absl::StatusOr<std::string> RenderJinja(const jinja::Template& t,
@@ -115,6 +122,8 @@ class ChatTemplate {
   std::shared_ptr<const jinja::Template> jinja_, jinja_tool_use_;
   bool parts_supported_ = false;  // the template iterates content parts itself
   std::vector<std::string> end_of_turn_texts_;
+  ToolCallFormat tool_format_ = ToolCallFormat::kHermes;
+  bool renders_tools_ = false;
   std::string empty_;
 };
 

@@ -1,6 +1,7 @@
 #include "server/decode_loop.h"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -249,6 +250,8 @@ StopReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* 
     if (!job.cancelled() && Clock::now() >= job.deadline) job.Cancel(CancelReason::kDeadline);
     return job.cancelled();
   };
+  std::optional<GrammarMatcher> grammar;  // constrained output: this job's parse state
+  if (r.grammar != nullptr) options.grammar = &grammar.emplace(r.grammar, r.vocab_trie);
   TokenSink sink(job, stats, metrics_, options_.decode_delay_ms, &stop_, &pending_logprobs_);
   absl::StatusOr<GenerationResult> result =
       thermocline::Generate(session, r.prompt, options, [&](const GeneratedToken& t) {

@@ -18,6 +18,7 @@
 #include "server/json_text.h"
 #include "server/openai_request.h"
 #include "server/sinks.h"
+#include "server/tool_calls.h"
 #include "spdlog/spdlog.h"
 
 namespace thermocline::server {
@@ -33,7 +34,7 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
                                     const std::string& raw_body, ApiKind kind) {
   auto body = ParseJsonObject(raw_body);
   if (!body.ok()) return SendError(res, body.status());
-  auto spec = SpecFromOpenAi(*body, kind, req.body);
+  auto spec = SpecFromOpenAi(*body, kind, raw_body);
   if (!spec.ok()) return SendError(res, spec.status());
   SubmitContext submit;
   submit.registry = registry_;
@@ -82,6 +83,16 @@ void HttpFrontEnd::HandleGeneration(const httplib::Request& req, httplib::Respon
       return SendError(res, Unavailable("shutting_down", "the server shut down before the end"));
     }
     if (sink->reason() == StopReason::kCancelled) access.outcome = "deadline";
+    if (meta.parse_tool_calls) {
+      const ParsedOutput output =
+          ParseToolCalls(sink->text(), meta.tool_format, meta.parallel_tool_calls);
+      res.set_content(
+          BuildResponseBody(meta, output, sink->logprobs(),
+                            FinishReasonText(sink->reason(), static_cast<int>(output.calls.size())),
+                            sink->stats()),
+          "application/json");
+      return;
+    }
     res.set_content(BuildResponseBody(meta, sink->text(), sink->logprobs(),
                                       FinishReasonText(sink->reason()), sink->stats()),
                     "application/json");

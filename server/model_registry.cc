@@ -23,6 +23,11 @@ std::shared_ptr<const Engine> LoadedModel::engine() const {
   return engine_;
 }
 
+std::shared_ptr<const TokenTrie> LoadedModel::vocab_trie() const {
+  std::call_once(trie_once_, [&] { vocab_trie_ = TokenTrie::FromTokenizer(tokenizer()); });
+  return vocab_trie_;
+}
+
 void LoadedModel::SetEngine(std::shared_ptr<const Engine> engine) const {
   // The sparse copies, less the file's FFN pages they replaced (charged with the weights).
   const int64_t b = static_cast<int64_t>(engine->host_bytes()) -

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/llama_model.h"
 #include "engine/runtime/engine.h"
+#include "engine/sampling/token_trie.h"
 #include "engine/sparse/sparse_plan.h"
 #include "engine/util/thread_pool.h"
 #include "nlohmann/json.hpp"
@@ -91,6 +92,9 @@ struct LoadedModel {
   // changes (ModelRegistry::UseSidecar); a slot picks up the new one between jobs, and the old
   // one is freed when the last slot has let go of it. Never null once published. Thread-safe.
   std::shared_ptr<const Engine> engine() const;
+  // The vocabulary as a byte trie for grammar-constrained requests, built on first use (once;
+  // thread-safe) and shared by all of them.
+  std::shared_ptr<const TokenTrie> vocab_trie() const;
 
  private:
   friend class ModelRegistry;
@@ -106,6 +110,8 @@ struct LoadedModel {
   mutable std::mutex engine_mu_;  // guards engine_
   mutable std::shared_ptr<const Engine> engine_;
   mutable std::atomic<int64_t> engine_bytes_{0};  // engine_->host_bytes(), charged
+  mutable std::once_flag trie_once_;
+  mutable std::shared_ptr<const TokenTrie> vocab_trie_;
 };
 
 // A request's hold on a loaded model: keeps it in memory and counts it as busy until EndUse.

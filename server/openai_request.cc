@@ -257,10 +257,33 @@ absl::Status Logprobs(const json& body, GenerationSpec* spec) {
   return absl::OkStatus();
 }
 
+// The body with its keys in the order the client wrote them (nlohmann::json sorts them), parsed
+// on first use: templates print tools as JSON and a schema's property order is the output's,
+// so the order is part of the request.
+class OrderedBody {
+ public:
+  OrderedBody(const json& body, std::string_view raw) : body_(body), raw_(raw) {}
+  const nlohmann::ordered_json& get() {
+    if (!parsed_) {
+      parsed_ = true;
+      if (!raw_.empty()) ordered_ = nlohmann::ordered_json::parse(raw_, nullptr, false);
+      if (raw_.empty() || ordered_.is_discarded() || !ordered_.is_object()) {
+        ordered_ = nlohmann::ordered_json::parse(body_.dump());
+      }
+    }
+    return ordered_;
+  }
+
+ private:
+  const json& body_;
+  std::string_view raw_;
+  bool parsed_ = false;
+  nlohmann::ordered_json ordered_;
+};
+
 // "tools" (an array of function tools) and "chat_template_kwargs" (an object of extra template
-// variables), with their keys in the order the client wrote them: templates print tools as
-// JSON, so the order is part of the prompt.
-absl::Status TemplateInputs(const json& body, std::string_view raw_body, GenerationSpec* spec) {
+// variables), key order kept.
+absl::Status TemplateInputs(const json& body, OrderedBody& ordered, GenerationSpec* spec) {
   const json* tools = Field(body, "tools");
   const json* kwargs = Field(body, "chat_template_kwargs");
   if (tools == nullptr && kwargs == nullptr) return absl::OkStatus();
@@ -275,19 +298,150 @@ absl::Status TemplateInputs(const json& body, std::string_view raw_body, Generat
         return InvalidRequest(p + ".type", "unsupported_value",
                               "only tools of type 'function' are supported");
       }
+      const json* fn = Field(t, "function");
+      if (fn == nullptr || !fn->is_object()) {
+        return InvalidRequest(p + ".function", "missing_required_parameter",
+                              absl::StrCat("'", p, ".function' is required (an object)"));
+      }
+      const json* name = Field(*fn, "name");
+      if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
+        return InvalidRequest(p + ".function.name", "missing_required_parameter",
+                              absl::StrCat("'", p, ".function.name' must be a non-empty string"));
+      }
     }
   }
   if (kwargs != nullptr && !kwargs->is_object()) {
     return WrongType("chat_template_kwargs", "an object");
   }
-  nlohmann::ordered_json ordered =
-      raw_body.empty() ? nlohmann::ordered_json::parse(body.dump())
-                       : nlohmann::ordered_json::parse(raw_body, nullptr, false);
-  if (ordered.is_discarded() || !ordered.is_object()) {
-    ordered = nlohmann::ordered_json::parse(body.dump());
+  if (tools != nullptr) spec->tools = ordered.get()["tools"];
+  if (kwargs != nullptr) spec->chat_template_kwargs = ordered.get()["chat_template_kwargs"];
+  return absl::OkStatus();
+}
+
+// "tool_choice": "auto" | "none" | "required" | {"type": "function", "function": {"name"}};
+// "parallel_tool_calls": boolean.
+absl::Status ToolChoice(const json& body, GenerationSpec* spec) {
+  if (absl::Status s = GetBool(body, "parallel_tool_calls", &spec->parallel_tool_calls); !s.ok()) {
+    return s;
   }
-  if (tools != nullptr) spec->tools = ordered["tools"];
-  if (kwargs != nullptr) spec->chat_template_kwargs = ordered["chat_template_kwargs"];
+  const json* choice = Field(body, "tool_choice");
+  if (choice == nullptr) return absl::OkStatus();
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c != "auto" && c != "none" && c != "required") {
+      return InvalidRequest(
+          "tool_choice", "invalid_value",
+          absl::StrCat("tool_choice '", c,
+                       "' is not one of auto, none, required or "
+                       "{\"type\": \"function\", \"function\": {\"name\": ...}}"));
+    }
+    spec->tool_choice = c;
+    return absl::OkStatus();
+  }
+  if (!choice->is_object()) return WrongType("tool_choice", "a string or an object");
+  const json* type = Field(*choice, "type");
+  if (type == nullptr || *type != "function") {
+    return InvalidRequest("tool_choice.type", "unsupported_value",
+                          "only tool_choice {\"type\": \"function\", \"function\": "
+                          "{\"name\": ...}} is supported among the object forms");
+  }
+  const json* fn = Field(*choice, "function");
+  const json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+  if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
+    return InvalidRequest("tool_choice.function.name", "missing_required_parameter",
+                          "'tool_choice.function.name' must name one of the tools");
+  }
+  spec->tool_choice = "function";
+  spec->tool_choice_function = name->get<std::string>();
+  return absl::OkStatus();
+}
+
+// "response_format": {"type": "text" | "json_object" | "json_schema", "json_schema": {"name",
+// "schema", "strict"}}; "grammar": GBNF text.
+absl::Status OutputFormat(const json& body, OrderedBody& ordered, GenerationSpec* spec) {
+  if (const json* g = Field(body, "grammar")) {
+    if (!g->is_string()) return WrongType("grammar", "a string (GBNF)");
+    spec->grammar = g->get<std::string>();
+  }
+  const json* fmt = Field(body, "response_format");
+  if (fmt == nullptr) return absl::OkStatus();
+  if (!fmt->is_object()) return WrongType("response_format", "an object");
+  const json* type = Field(*fmt, "type");
+  if (type == nullptr) {
+    return InvalidRequest("response_format.type", "missing_required_parameter",
+                          "'response_format.type' is required");
+  }
+  if (*type != "text" && *type != "json_object" && *type != "json_schema") {
+    return InvalidRequest("response_format.type", "unsupported_value",
+                          "response_format.type must be text, json_object or json_schema");
+  }
+  spec->response_format = type->get<std::string>();
+  if (spec->response_format != "json_schema") return absl::OkStatus();
+  const json* js = Field(*fmt, "json_schema");
+  if (js == nullptr || !js->is_object()) {
+    return InvalidRequest("response_format.json_schema", "missing_required_parameter",
+                          "'response_format.json_schema' is required (an object with the schema)");
+  }
+  if (const json* name = Field(*js, "name"); name != nullptr && !name->is_string()) {
+    return WrongType("response_format.json_schema.name", "a string");
+  }
+  if (absl::Status s = GetBool(*js, "strict", &spec->json_schema_strict); !s.ok()) {
+    return WrongType("response_format.json_schema.strict", "a boolean");
+  }
+  if (const json* schema = Field(*js, "schema")) {
+    if (!schema->is_object() && !schema->is_boolean()) {
+      return WrongType("response_format.json_schema.schema", "an object (a JSON schema)");
+    }
+    spec->json_schema = ordered.get()["response_format"]["json_schema"]["schema"];
+  }
+  return absl::OkStatus();
+}
+
+// Fields of the OpenAI API this server knows but does not implement: a 400 naming the field
+// rather than an answer that silently ignores it.
+absl::Status RefuseUnsupported(const json& body, ApiKind kind) {
+  struct Refused {
+    const char* field;
+    const char* why;
+  };
+  static constexpr Refused kRefused[] = {
+      {"functions", "the deprecated 'functions' is not supported; send 'tools'"},
+      {"function_call", "the deprecated 'function_call' is not supported; send 'tool_choice'"},
+      {"audio", "audio output is not supported"},
+      {"prediction", "predicted outputs are not supported"},
+      {"web_search_options", "web search is not supported"},
+      {"reasoning_effort", "reasoning_effort is not supported by this server"},
+      {"verbosity", "verbosity is not supported by this server"},
+  };
+  for (const Refused& r : kRefused) {
+    if (Field(body, r.field) != nullptr) {
+      return InvalidRequest(r.field, "unsupported_value", r.why);
+    }
+  }
+  if (const json* store = Field(body, "store"); store != nullptr && *store == true) {
+    return InvalidRequest(
+        "store", "unsupported_value",
+        "stored completions are not supported; send store: false or leave it out");
+  }
+  if (const json* m = Field(body, "modalities")) {
+    if (!m->is_array()) return WrongType("modalities", "an array of strings");
+    for (const json& v : *m) {
+      if (v != "text") {
+        return InvalidRequest("modalities", "unsupported_value",
+                              "only the 'text' modality is supported");
+      }
+    }
+  }
+  if (const json* tier = Field(body, "service_tier");
+      tier != nullptr && *tier != "auto" && *tier != "default") {
+    return InvalidRequest("service_tier", "unsupported_value",
+                          "service_tier may only be 'auto' or 'default' (there is one tier)");
+  }
+  if (kind == ApiKind::kCompletion) {
+    if (const json* suffix = Field(body, "suffix"); suffix != nullptr && *suffix != "") {
+      return InvalidRequest("suffix", "unsupported_value", "suffix (insertion) is not supported");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -343,9 +497,20 @@ absl::StatusOr<GenerationSpec> SpecFromOpenAi(const json& body, ApiKind kind,
   spec.model = *model;
   absl::Status s = kind == ApiKind::kChat ? Messages(body, &spec) : Prompt(body, &spec);
   if (!s.ok()) return s;
+  if (absl::Status st = RefuseUnsupported(body, kind); !st.ok()) return st;
+  OrderedBody ordered(body, raw_body);
   if (kind == ApiKind::kChat) {
-    if (absl::Status st = TemplateInputs(body, raw_body, &spec); !st.ok()) return st;
+    if (absl::Status st = TemplateInputs(body, ordered, &spec); !st.ok()) return st;
+    if (absl::Status st = ToolChoice(body, &spec); !st.ok()) return st;
+  } else {
+    for (const char* field : {"tools", "tool_choice"}) {
+      if (Field(body, field) != nullptr) {
+        return InvalidRequest(field, "unsupported_value",
+                              absl::StrCat("'", field, "' is for /v1/chat/completions"));
+      }
+    }
   }
+  if (absl::Status st = OutputFormat(body, ordered, &spec); !st.ok()) return st;
   std::optional<int64_t> max_completion_tokens, best_of;
   for (absl::Status st : {
            GetDouble(body, "temperature", &spec.temperature),
@@ -384,13 +549,6 @@ absl::StatusOr<GenerationSpec> SpecFromOpenAi(const json& body, ApiKind kind,
     if (absl::Status st = GetBool(*opts, "include_usage", &spec.include_usage); !st.ok()) {
       return InvalidRequest("stream_options.include_usage", "invalid_type",
                             "'stream_options.include_usage' must be a boolean");
-    }
-  }
-  if (const json* fmt = Field(body, "response_format")) {
-    const json* type = fmt->is_object() ? Field(*fmt, "type") : nullptr;
-    if (type == nullptr || *type != "text") {
-      return InvalidRequest("response_format", "unsupported_value",
-                            "only response_format {\"type\": \"text\"} is supported");
     }
   }
   if (const json* overflow = Field(body, "context_overflow")) {

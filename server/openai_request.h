@@ -1,6 +1,7 @@
 // The OpenAI wire format of requests: JSON bodies of /v1/chat/completions, /v1/completions,
 // /tokenize and /detokenize turned into front-end-neutral specs, with types checked and the
-// field at fault named. Unknown fields are ignored; null counts as absent. Chat messages keep
+// field at fault named. Fields of the API that are not implemented are 400 naming them; unknown
+// fields are ignored; null counts as absent. Chat messages keep
 // their tool calls, tool_call_id and name, and the request its tools, for the chat template.
 #pragma once
 

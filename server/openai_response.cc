@@ -5,6 +5,7 @@
 
 #include "engine/tokenizer/utf8.h"
 #include "server/json_text.h"
+#include "server/tool_calls.h"
 
 namespace thermocline::server {
 namespace {
@@ -168,6 +169,9 @@ ResponseMeta NewResponseMeta(const GenerationRequest& request, const Tokenizer& 
   m.logprobs = request.logprobs;
   m.include_usage = request.stream && request.include_usage;
   m.tokenizer = &tokenizer;
+  m.parse_tool_calls = request.parse_tool_calls;
+  m.tool_format = request.tool_format;
+  m.parallel_tool_calls = request.parallel_tool_calls;
   const bool chat = m.kind == ApiKind::kChat;
   m.id = RandomId(chat ? "chatcmpl-" : "cmpl-");
   m.prefix = "{\"id\":\"" + m.id + "\",\"object\":\"";
@@ -182,7 +186,40 @@ ResponseMeta NewResponseMeta(const GenerationRequest& request, const Tokenizer& 
 
 const char* FinishReasonText(StopReason reason) {
   return reason == StopReason::kEndOfGeneration || reason == StopReason::kStopSequence ? "stop"
-                                                                                      : "length";
+                                                                                       : "length";
+}
+
+const char* FinishReasonText(StopReason reason, int tool_calls) {
+  const bool ended = reason == StopReason::kEndOfGeneration || reason == StopReason::kStopSequence;
+  return ended && tool_calls > 0 ? "tool_calls" : FinishReasonText(reason);
+}
+
+void AppendToolCallStartEvent(const ResponseMeta& meta, int index, std::string_view id,
+                              std::string_view name, std::string* out) {
+  out->append("data: ");
+  out->append(meta.prefix);
+  out->append("\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":");
+  AppendInt(out, index);
+  out->append(",\"id\":");
+  AppendJsonString(out, id);
+  out->append(",\"type\":\"function\",\"function\":{\"name\":");
+  AppendJsonString(out, SanitizeUtf8(name));
+  out->append(",\"arguments\":\"\"}}]},\"logprobs\":null,\"finish_reason\":null}]");
+  if (meta.include_usage) out->append(",\"usage\":null");
+  out->append("}\n\n");
+}
+
+void AppendToolCallArgumentsEvent(const ResponseMeta& meta, int index, std::string_view piece,
+                                  std::string* out) {
+  out->append("data: ");
+  out->append(meta.prefix);
+  out->append("\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":");
+  AppendInt(out, index);
+  out->append(",\"function\":{\"arguments\":");
+  AppendJsonString(out, SanitizeUtf8(piece));
+  out->append("}}]},\"logprobs\":null,\"finish_reason\":null}]");
+  if (meta.include_usage) out->append(",\"usage\":null");
+  out->append("}\n\n");
 }
 
 void AppendRoleEvent(const ResponseMeta& meta, std::string* out) {
@@ -223,6 +260,45 @@ std::string BuildResponseBody(const ResponseMeta& meta, std::string_view text,
   AppendChoice(meta, meta.kind == ApiKind::kChat ? "assistant" : nullptr, &text, logprobs,
                finish_reason, &out);
   out.append("],\"usage\":");
+  AppendUsage(stats, &out);
+  out.push_back('}');
+  return out;
+}
+
+std::string BuildResponseBody(const ResponseMeta& meta, const ParsedOutput& output,
+                              absl::Span<const TokenLogprobs> logprobs, const char* finish_reason,
+                              const GenerationStats& stats) {
+  std::string out = meta.prefix;
+  out.append("\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+  if (output.content.empty() && !output.calls.empty()) {
+    out.append("null");
+  } else {
+    AppendJsonString(&out, SanitizeUtf8(output.content));
+  }
+  if (!output.calls.empty()) {
+    out.append(",\"tool_calls\":[");
+    for (size_t i = 0; i < output.calls.size(); ++i) {
+      const ParsedToolCall& c = output.calls[i];
+      if (i) out.push_back(',');
+      out.append("{\"id\":");
+      AppendJsonString(&out, c.id);
+      out.append(",\"type\":\"function\",\"function\":{\"name\":");
+      AppendJsonString(&out, SanitizeUtf8(c.name));
+      out.append(",\"arguments\":");
+      AppendJsonString(&out, SanitizeUtf8(c.arguments));
+      out.append("}}");
+    }
+    out.push_back(']');
+  }
+  out.append("},\"logprobs\":");
+  if (meta.logprobs) {
+    AppendLogprobs(meta, logprobs, &out);
+  } else {
+    out.append("null");
+  }
+  out.append(",\"finish_reason\":\"");
+  out.append(finish_reason);
+  out.append("\"}],\"usage\":");
   AppendUsage(stats, &out);
   out.push_back('}');
   return out;

@@ -4,18 +4,27 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/runtime/embed.h"
+#include "engine/sampling/grammar.h"
 #include "engine/sampling/sampler.h"
+#include "engine/sampling/token_trie.h"
 
 namespace thermocline::server {
 
 // kEmbedding: a job that pools hidden states of `inputs` instead of generating
 // (server/embeddings.h); the generation fields are unused then.
 enum class ApiKind { kChat, kCompletion, kEmbedding };
+
+// How a model writes tool calls (server/tool_calls.h parses them and builds their grammar):
+//   kHermes   <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>  (Hermes, Qwen, generic)
+//   kLlama3   {"name": ..., "parameters": {...}}                          (Llama 3.x JSON)
+//   kMistral  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]        (Mistral v0.3)
+enum class ToolCallFormat { kHermes, kLlama3, kMistral };
 
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
@@ -39,6 +48,17 @@ struct GenerationRequest {
   // context, embedded in order; the sink gets one OnEmbedding per input.
   std::vector<std::vector<int32_t>> inputs;
   EmbedOptions embed;
+
+  // Constrained output (grammar, response_format, a tool_choice that forces a call): the
+  // grammar the output must match and the model's vocabulary trie its matcher walks; both
+  // null when unconstrained, both shared and immutable.
+  std::shared_ptr<const Grammar> grammar;
+  std::shared_ptr<const TokenTrie> vocab_trie;
+  // Chat with tools (tool_choice not "none"): the output's tool calls are parsed out of it in
+  // this format and returned as tool_calls; with parallel_tool_calls false only the first.
+  bool parse_tool_calls = false;
+  ToolCallFormat tool_format = ToolCallFormat::kHermes;
+  bool parallel_tool_calls = true;
 };
 
 }  // namespace thermocline::server

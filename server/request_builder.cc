@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "server/constrained_output.h"
 #include "server/errors.h"
 #include "spdlog/spdlog.h"
 
@@ -67,10 +68,11 @@ absl::StatusOr<SamplingParams> BuildSampling(const GenerationSpec& spec,
 absl::StatusOr<std::vector<int32_t>> RenderChat(const GenerationSpec& spec,
                                                 const std::vector<ChatMessage>& messages,
                                                 const LoadedModel& model) {
+  ChatInputs inputs = ChatInputsFor(spec, messages, *model.chat_template);
   ChatRenderOptions options;
-  options.tools = spec.tools;
+  options.tools = std::move(inputs.tools);
   options.variables = spec.chat_template_kwargs;
-  auto text = model.chat_template->Render(messages, options);
+  auto text = model.chat_template->Render(inputs.messages, options);
   if (!text.ok()) {
     return InvalidRequest("messages", "invalid_value", std::string(text.status().message()));
   }
@@ -204,6 +206,7 @@ absl::StatusOr<GenerationRequest> BuildRequest(const GenerationSpec& spec, const
     if (!(bias >= -100 && bias <= 100)) return OutOfRange("logit_bias", bias, "[-100, 100]");
     r.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
   }
+  if (absl::Status s = ApplyOutputConstraints(spec, model, &r); !s.ok()) return s;
   r.ignore_eos = spec.ignore_eos;
   r.stream = spec.stream;
   r.include_usage = spec.include_usage;

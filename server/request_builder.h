@@ -42,6 +42,18 @@ struct GenerationSpec {
   bool include_usage = false;
   // "refuse" or "truncate" (ServerConfig::context_overflow); unset: the config's.
   std::optional<std::string> context_overflow;
+
+  // Constrained output: a GBNF grammar, and response_format "text", "json_object" or
+  // "json_schema" (with its schema, key order kept, and strict flag).
+  std::optional<std::string> grammar;
+  std::string response_format = "text";
+  nlohmann::ordered_json json_schema;  // null: none given (any JSON object)
+  bool json_schema_strict = false;
+  // Chat: tool_choice "auto", "none", "required" or "function" (named by tool_choice_function);
+  // "" when absent (auto with tools).
+  std::string tool_choice;
+  std::string tool_choice_function;
+  bool parallel_tool_calls = true;
 };
 
 // A chat message's role as the chat templates know it: "developer" becomes "system"; a role

@@ -10,8 +10,8 @@ bool CollectingSink::OnDelta(std::string_view text, absl::Span<const TokenLogpro
   return true;
 }
 
-void CollectingSink::OnFinish(StopReason reason, CancelReason cancel,
-                              const GenerationStats& stats, const absl::Status& error) {
+void CollectingSink::OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
+                              const absl::Status& error) {
   std::lock_guard<std::mutex> lock(mu_);
   reason_ = reason;
   cancel_ = cancel;
@@ -31,8 +31,22 @@ bool CollectingSink::WaitFor(std::chrono::milliseconds timeout) {
   return done_cv_.wait_for(lock, timeout, [&] { return done_; });
 }
 
+void SseSink::ToolEvents::Content(std::string_view text) {
+  AppendDeltaEvent(meta_, text, logprobs, out);
+  logprobs = {};
+}
+
+void SseSink::ToolEvents::CallStart(int index, std::string_view id, std::string_view name) {
+  AppendToolCallStartEvent(meta_, index, id, name, out);
+}
+
+void SseSink::ToolEvents::Arguments(int index, std::string_view piece) {
+  AppendToolCallArgumentsEvent(meta_, index, piece, out);
+}
+
 SseSink::SseSink(ResponseMeta meta) : meta_(std::move(meta)) {
   buffer_.reserve(4096);
+  if (meta_.parse_tool_calls) tools_.emplace(meta_.tool_format, meta_.parallel_tool_calls);
   if (meta_.kind == ApiKind::kChat) AppendRoleEvent(meta_, &buffer_);
 }
 
@@ -57,7 +71,14 @@ bool SseSink::Produce(F&& append) {
 }
 
 bool SseSink::OnDelta(std::string_view text, absl::Span<const TokenLogprobs> logprobs) {
-  return Produce([&](std::string* b) { AppendDeltaEvent(meta_, text, logprobs, b); });
+  if (!tools_) return Produce([&](std::string* b) { AppendDeltaEvent(meta_, text, logprobs, b); });
+  return Produce([&](std::string* b) {
+    tool_events_.out = b;
+    tool_events_.logprobs = logprobs;
+    tools_->Push(text, tool_events_);
+    if (!tool_events_.logprobs.empty()) AppendDeltaEvent(meta_, "", tool_events_.logprobs, b);
+    tool_events_.logprobs = {};
+  });
 }
 
 void SseSink::OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
@@ -69,7 +90,13 @@ void SseSink::OnFinish(StopReason reason, CancelReason cancel, const GenerationS
       AppendErrorEvent(
           ToApiError(Unavailable("shutting_down", "the server shut down before the end")), b);
     } else if (reason != StopReason::kCancelled || cancel == CancelReason::kDeadline) {
-      AppendFinishEvent(meta_, FinishReasonText(reason), b);
+      int calls = 0;
+      if (tools_) {
+        tool_events_.out = b;
+        tools_->Finish(tool_events_);
+        calls = tools_->calls();
+      }
+      AppendFinishEvent(meta_, FinishReasonText(reason, calls), b);
       if (meta_.include_usage) AppendUsageEvent(meta_, stats, b);
       AppendDoneEvent(b);
     }

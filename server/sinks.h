@@ -2,16 +2,19 @@
 // non-streamed request. SseSink formats each delta as an SSE event straight into a buffer that
 // the connection's thread drains: the slot thread never waits on the network (only when a
 // client is so slow that 1 MiB piles up), and the buffer's capacity is reused, so a token costs
-// one uncontended lock, no allocation, and at most one thread wake per 5 ms.
+// one uncontended lock, no allocation, and at most one thread wake per 5 ms. With tools, the
+// text goes through a ToolCallParser and calls are streamed as delta.tool_calls.
 #pragma once
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "server/job.h"
 #include "server/openai_response.h"
+#include "server/tool_calls.h"
 
 namespace thermocline::server {
 
@@ -71,7 +74,23 @@ class SseSink : public GenerationSink {
   template <typename F>
   bool Produce(F&& append);
 
+  // Writes the parser's findings as chunks into the buffer (under the lock).
+  class ToolEvents : public ToolCallEvents {
+   public:
+    explicit ToolEvents(const ResponseMeta& meta) : meta_(meta) {}
+    void Content(std::string_view text) override;
+    void CallStart(int index, std::string_view id, std::string_view name) override;
+    void Arguments(int index, std::string_view piece) override;
+    std::string* out = nullptr;
+    absl::Span<const TokenLogprobs> logprobs;  // go with the next content chunk
+
+   private:
+    const ResponseMeta& meta_;
+  };
+
   const ResponseMeta meta_;
+  std::optional<ToolCallParser> tools_;  // chat with tools: calls are parsed out of the text
+  ToolEvents tool_events_{meta_};
   std::mutex mu_;
   std::condition_variable cv_;
   std::string buffer_;

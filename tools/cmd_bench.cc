@@ -171,7 +171,8 @@ int RunBench(int argc, char** argv) {
       Args::Parse(argc, argv,
                   {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions",
                    "--activation", "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile",
-                   "--output", "--gpu-memory", "--gpu-layers", "--hardware-profile"},
+                   "--output", "--gpu-memory", "--gpu-layers", "--hardware-profile",
+                   "--json-schema", "--prompt"},
                   {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in"},
                   {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
@@ -194,7 +195,9 @@ int RunBench(int argc, char** argv) {
         "                           --stand-in: on the CPU stand-in device, to check the tool)\n"
         "       thermocline bench --hardware [--gpu-profile FILE.toml] [-o FILE.toml] "
         "[--threads N]\n  measures this machine's CPU read bandwidth and writes the "
-        "hardware profile `solve --hardware` reads");
+        "hardware profile `solve --hardware` reads\n"
+        "       thermocline bench -m MODEL --json-schema FILE [--prompt TEXT] [--gen-tokens N]\n"
+        "  greedy decode tokens/s with and without the JSON schema's grammar constraint");
     return 0;
   }
   if (args->Has("--hardware")) return BenchHardware(*args);
@@ -223,6 +226,9 @@ int RunBench(int argc, char** argv) {
   engine_options.max_batch = std::clamp<int64_t>(o.prompt_tokens, 1, 4096);
   auto engine = EngineFromArgs(*args, **model, pool, engine_options);
   if (!engine.ok()) return Fail("bench", engine.status(), absl::IsInvalidArgument(engine.status()));
+  if (args->Get("--json-schema")) {
+    return RunBenchGrammar(*args, **engine, pool, o.gen_tokens, o.repetitions);
+  }
   if ((*engine)->sparse_plan() != nullptr) {
     // The reference: the same model dense, all on the CPU.
     auto dense = Engine::Create(**model, std::nullopt, engine_options, pool);

@@ -78,5 +78,9 @@ int RunBenchGpuCompare(const Args& args);
 // (--gpu-memory; --stand-in: on the CPU stand-in device).
 int RunBenchMoe(const Args& args, const LlamaModel& model, int64_t prompt_tokens,
                 int64_t gen_tokens, int repetitions);
+// bench --json-schema FILE (tools/cmd_bench_grammar.cc): greedy decode tokens/s with and
+// without the schema's grammar constraint, interleaved, on one session of `engine`.
+int RunBenchGrammar(const Args& args, const Engine& engine, ThreadPool& pool, int64_t gen_tokens,
+                    int repetitions);
 
 }  // namespace thermocline::cli

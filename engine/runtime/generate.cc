@@ -1,7 +1,9 @@
 #include "engine/runtime/generate.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -11,6 +13,38 @@ namespace {
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Masks the logits to what the grammar allows next. Stop tokens that are not the vocabulary's
+// end tokens stay allowed where the grammar can end. No allocation.
+absl::Status MaskLogits(GrammarMatcher& grammar, const GenerateOptions& options, float* logits) {
+  const TokenMask& mask = grammar.ComputeMask();
+  const bool can_end = grammar.CanEnd() && options.stop_at_end_of_generation;
+  if (mask.count() == 0 && !can_end) {
+    return absl::FailedPreconditionError(
+        "grammar: no token of the model's vocabulary can continue the output here (the grammar "
+        "needs text that no token spells)");
+  }
+  constexpr size_t kMaxKept = 8;
+  std::array<float, kMaxKept> kept;
+  const size_t n_kept = can_end ? std::min(options.stop_tokens.size(), kMaxKept) : 0;
+  for (size_t k = 0; k < n_kept; ++k) kept[k] = logits[options.stop_tokens[k]];
+  const absl::Span<const uint64_t> words = mask.words();
+  const int32_t n_vocab = mask.vocab_size();
+  for (size_t w = 0; w < words.size(); ++w) {
+    const uint64_t bits = words[w];
+    if (bits == ~uint64_t{0}) continue;
+    const int32_t base = static_cast<int32_t>(w) * 64;
+    const int32_t end = std::min(base + 64, n_vocab);
+    for (int32_t id = base; id < end; ++id) {
+      if (!((bits >> (id - base)) & 1)) logits[id] = kNegInf;
+    }
+  }
+  for (size_t k = 0; k < n_kept; ++k) logits[options.stop_tokens[k]] = kept[k];
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* StopReasonName(StopReason reason) {
@@ -93,23 +127,35 @@ absl::StatusOr<GenerationResult> Generate(Session& session, absl::Span<const int
                 options.stop_tokens.end());
   };
 
+  GrammarMatcher* grammar = options.grammar;
   start = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < max_tokens; ++i) {
     float* logits = session.mutable_logits();
     if (options.raw_logits) std::copy_n(logits, n_vocab, raw_logits.begin());
     for (const auto& [id, bias] : options.logit_bias) logits[id] += bias;
+    if (grammar != nullptr) {
+      if (grammar->IsComplete()) {
+        result.stop_reason = StopReason::kEndOfGeneration;
+        break;
+      }
+      if (absl::Status s = MaskLogits(*grammar, options, logits); !s.ok()) return s;
+    }
     const int32_t id = sampler.Sample(logits, history);
     if (ends_generation(id)) {
       result.stop_reason = StopReason::kEndOfGeneration;
       break;
+    }
+    if (grammar != nullptr && !grammar->AcceptToken(id)) {
+      return absl::InternalError(
+          absl::StrCat("grammar: the sampler chose token ", id, ", which the mask did not allow"));
     }
     history.push_back(id);
     result.tokens.push_back(id);
     const std::string text = detok.Push(id);
     result.text += text;
     if (on_token) {
-      const TokenAction action = on_token(
-          GeneratedToken{id, i, text, options.raw_logits ? raw_logits.data() : nullptr});
+      const TokenAction action =
+          on_token(GeneratedToken{id, i, text, options.raw_logits ? raw_logits.data() : nullptr});
       if (action != TokenAction::kContinue) {
         result.stop_reason =
             action == TokenAction::kStop ? StopReason::kStopSequence : StopReason::kCancelled;

@@ -2,9 +2,9 @@
 // prefill the prompt, then sample, detokenize and evaluate token by token, handing each token to
 // a callback that can stop generation. The daemon's stop strings, deadline, streaming and
 // metrics live in its callback (server/decode_loop.cc); this loop owns sampling, the logit bias,
-// end-of-generation and stop tokens, the context limit, the raw logits for logprobs, a prompt
-// prefix already in the session's KV cache (the daemon's prefix cache) and prefill in chunks that
-// can be cancelled between them.
+// end-of-generation and stop tokens, the grammar mask, the context limit, the raw logits for
+// logprobs, a prompt prefix already in the session's KV cache (the daemon's prefix cache) and
+// prefill in chunks that can be cancelled between them.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/session.h"
+#include "engine/sampling/grammar_matcher.h"
 #include "engine/sampling/sampler.h"
 
 namespace thermocline {
@@ -53,6 +54,11 @@ struct GenerateOptions {
   // Asked before each prefill chunk (the session's max_batch tokens) but the first; true
   // abandons the request (kCancelled) before any token is generated. nullptr: never.
   std::function<bool()> cancel_prefill;
+  // Grammar-constrained sampling (not owned; its state is advanced past every generated
+  // token): tokens the grammar does not allow next are masked out before sampling, end tokens
+  // (and stop_tokens) are allowed only where the grammar can end, and generation ends with
+  // kEndOfGeneration once the grammar is complete. A state no token can continue is an error.
+  GrammarMatcher* grammar = nullptr;
 };
 
 struct GeneratedToken {

@@ -6,6 +6,7 @@ import { readFileSync } from 'node:fs';
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import Ajv from 'ajv';
 
 const BIN = process.env.THERMOCLINE_BIN;
 const MODELS = process.env.THERMOCLINE_TEST_MODELS;
@@ -176,4 +177,141 @@ test('errors surface as the client\'s typed exceptions', async () => {
   const stranger = new OpenAI({ apiKey: 'wrong', baseURL, maxRetries: 0 });
   await assert.rejects(stranger.models.list(),
     (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+});
+
+// Constrained decoding makes even a story model write a valid call: the arguments parse and
+// validate (ajv) against the function's parameters schema.
+const weatherParameters = {
+  type: 'object',
+  properties: {
+    city: { type: 'string', maxLength: 16 },
+    unit: { enum: ['celsius', 'fahrenheit'] },
+  },
+  required: ['city', 'unit'],
+  additionalProperties: false,
+};
+const tools = [
+  { type: 'function',
+    function: { name: 'get_weather', parameters: weatherParameters } },
+  { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } },
+];
+// The story model's context is 512 tokens; a tool's schema costs ~150 of them in the prompt.
+const ajv = new Ajv({ strict: true });
+const validWeather = ajv.compile(weatherParameters);
+
+test('tool_choice required gives tool_calls whose arguments validate against the schema', async () => {
+  const c = await client.chat.completions.create({
+    model: MODEL,
+    messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+    tools,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    max_tokens: 150,
+    temperature: 0,
+  });
+  const choice = c.choices[0];
+  assert.equal(choice.finish_reason, 'tool_calls');
+  assert.equal(choice.message.content, null);
+  assert.equal(choice.message.tool_calls.length, 1);
+  const call = choice.message.tool_calls[0];
+  assert.match(call.id, /^call_/);
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'get_weather');
+  const args = JSON.parse(call.function.arguments);
+  assert.ok(validWeather(args), JSON.stringify(validWeather.errors));
+
+  // "required": some function of the tools, with valid arguments; sampled, several seeds.
+  for (const seed of [1, 2, 3]) {
+    const r = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Once upon a time' }],
+      tools,
+      tool_choice: 'required',
+      max_tokens: 160,
+      temperature: 1,
+      seed,
+    });
+    const tc = r.choices[0].message.tool_calls;
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    assert.equal(tc.length, 1);
+    const a = JSON.parse(tc[0].function.arguments);
+    if (tc[0].function.name === 'get_weather') {
+      assert.ok(validWeather(a), JSON.stringify(validWeather.errors));
+    } else {
+      assert.equal(tc[0].function.name, 'get_time');
+      assert.deepEqual(a, {});
+    }
+  }
+
+  // The call and its result go back as the next turn's history.
+  const next = await client.chat.completions.create({
+    model: MODEL,
+    messages: [
+      { role: 'user', content: 'What is the weather in Paris?' },
+      choice.message,
+      { role: 'tool', tool_call_id: call.id, content: '{"temperature": 21}' },
+    ],
+    tools,
+    max_tokens: 16,
+    temperature: 0,
+  });
+  assert.equal(typeof next.choices[0].message.content, 'string');
+});
+
+test('streamed tool_calls accumulate to the non-streamed call', async () => {
+  const request = {
+    model: MODEL,
+    messages: [{ role: 'user', content: 'What is the weather in Oslo?' }],
+    tools,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    max_tokens: 150,
+    temperature: 0,
+  };
+  const whole = await client.chat.completions.create(request);
+  const stream = client.chat.completions.stream(request);
+  let argumentChunks = 0;
+  stream.on('tool_calls.function.arguments.delta', () => { argumentChunks++; });
+  const final = await stream.finalChatCompletion();
+  const call = final.choices[0].message.tool_calls[0];
+  assert.equal(final.choices[0].finish_reason, 'tool_calls');
+  assert.equal(call.function.name, 'get_weather');
+  assert.match(call.id, /^call_/);
+  assert.equal(call.function.arguments, whole.choices[0].message.tool_calls[0].function.arguments);
+  assert.ok(validWeather(JSON.parse(call.function.arguments)));
+  assert.ok(argumentChunks > 1, `arguments came in ${argumentChunks} chunks`);
+});
+
+test('response_format json_schema content validates against the schema', async () => {
+  const schema = {
+    type: 'object',
+    properties: {
+      name: { type: 'string', maxLength: 12 },
+      age: { type: 'integer', minimum: 1, maximum: 99 },
+      friends: { type: 'array', items: { type: 'string', maxLength: 8 }, maxItems: 2 },
+      happy: { type: 'boolean' },
+    },
+    required: ['name', 'age', 'friends', 'happy'],
+    additionalProperties: false,
+  };
+  const validate = ajv.compile(schema);
+  for (const temperature of [0, 1]) {
+    const c = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Tell me about a girl.' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'person', schema, strict: true } },
+      max_tokens: 300,
+      temperature,
+      seed: 5,
+    });
+    assert.equal(c.choices[0].finish_reason, 'stop');
+    const value = JSON.parse(c.choices[0].message.content);
+    assert.ok(validate(value), JSON.stringify(validate.errors));
+  }
+});
+
+test('an unsupported schema keyword is refused by name', async () => {
+  await assert.rejects(
+    client.chat.completions.create({
+      model: MODEL, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4,
+      response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'number', multipleOf: 2 } } } }),
+    (e) => e.status === 400 && /multipleOf/.test(e.message));
 });

@@ -16,7 +16,7 @@ if [ ! -f "$MODELS/stories260K.gguf" ]; then
   echo "e2e: no test model at $MODELS/stories260K.gguf (set THERMOCLINE_TEST_MODELS)" >&2
   exit 1
 fi
-if [ ! -d node_modules/openai ] || [ ! -d node_modules/ollama ]; then
+if [ ! -d node_modules/openai ] || [ ! -d node_modules/ollama ] || [ ! -d node_modules/ajv ]; then
   if [ -f package-lock.json ]; then
     npm ci --no-audit --no-fund --loglevel=error
   else
