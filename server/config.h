@@ -66,6 +66,8 @@ struct ServerConfig {
   double request_timeout_s = 600;  // deadline from arrival; 0: none
   int retry_after_s = 1;
   int64_t max_batch = 64;  // prefill chunk
+  // Context of a model that sets no n_ctx: its training context, at most this.
+  int64_t max_context = 32768;
 
   // [sampling]: what a request that omits a field gets.
   SamplingParams sampling;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "server/errors.h"
 #include "server/model_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -27,12 +28,16 @@ class DecodeLoop::TokenSink {
         metrics_(metrics),
         delay_ms_(delay_ms),
         stop_(*stop),
-        pending_(*pending) {
+        pending_(*pending),
+        file_(job.model->model->gguf()) {
     stop_.Reset(&r_.stop);
     pending_.clear();
   }
 
   TokenAction OnToken(const GeneratedToken& t, int32_t n_vocab) {
+    // The token came from zeros where the file's mapping faulted (mapping_guard.h): it is
+    // never emitted, the job fails.
+    if (file_.faulted()) return TokenAction::kCancel;
     ++stats_->completion_tokens;
     metrics_->AddGeneratedToken();
     const Clock::time_point now = Clock::now();
@@ -113,7 +118,8 @@ class DecodeLoop::TokenSink {
   const int delay_ms_;
   StopMatcher& stop_;
   std::vector<TokenLogprobs>& pending_;
-  size_t produced_ = 0;  // bytes of text generated so far in this job
+  const GgufFile& file_;  // the model's weights: checked per token
+  size_t produced_ = 0;   // bytes of text generated so far in this job
   Clock::time_point last_ = Clock::now();
 };
 
@@ -214,6 +220,15 @@ StopReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* 
       thermocline::Generate(session, r.prompt, options, [&](const GeneratedToken& t) {
         return sink.OnToken(t, n_vocab);
       });
+  const GgufFile& file = job.model->model->gguf();
+  if (file.faulted()) {
+    *error = Unavailable(
+        "model_failed",
+        absl::StrCat("model '", job.model->config().name, "': its file ", file.path(),
+                     " was truncated or could not be read while this request ran; the model is "
+                     "unloaded at its next request"));
+    return StopReason::kError;
+  }
   if (!result.ok()) {
     *error = result.status();
     return StopReason::kError;
