@@ -40,16 +40,16 @@ json ModelObject(const ServedModel& m) {
   const std::shared_ptr<const Engine> engine = loaded ? loaded->engine() : nullptr;
   const ModelState state = m.state.load();
   json model = {{"id", m.config.name},
-          {"object", "model"},
-          {"created", loaded ? loaded->created : 0},
-          {"owned_by", "thermocline"},
-          {"status", ModelStateName(state)},
-          {"loaded", loaded != nullptr},
-          {"context_length", loaded ? loaded->n_ctx : 0},
-          {"chat_template", loaded ? loaded->chat_template->name() : ""},
-          {"mode", m.mode()},
-          {"placement", engine ? EnginePlacementSummaryJson(*engine) : json(nullptr)},
-          {"runs_on", engine ? RunsOnJson(engine->placement()) : json(nullptr)}};
+                {"object", "model"},
+                {"created", loaded ? loaded->created : 0},
+                {"owned_by", "thermocline"},
+                {"status", ModelStateName(state)},
+                {"loaded", loaded != nullptr},
+                {"context_length", loaded ? loaded->n_ctx : 0},
+                {"chat_template", loaded ? loaded->chat_template->name() : ""},
+                {"mode", m.mode()},
+                {"placement", engine ? EnginePlacementSummaryJson(*engine) : json(nullptr)},
+                {"runs_on", engine ? RunsOnJson(engine->placement()) : json(nullptr)}};
   if (state == ModelState::kFailed) model["error"] = m.error();
   if (const std::string warning = m.warning(); !warning.empty()) model["warning"] = warning;
   return model;

@@ -133,9 +133,9 @@ absl::StatusOr<std::optional<SparsePlan>> ModelRegistry::ResolveSparse(ServedMod
   if (!resolved.ok()) {
     // A registered model stays usable dense when its job's sidecar cannot be used.
     if (m->registered) {
-      const std::string why = absl::StrCat(
-          "its sidecar does not load (", resolved.status().message(),
-          "); it is served dense: register it again to profile it anew");
+      const std::string why =
+          absl::StrCat("its sidecar does not load (", resolved.status().message(),
+                       "); it is served dense: register it again to profile it anew");
       spdlog::warn("model '{}': {}", c.name, why);
       std::lock_guard<std::mutex> lock(m->mu_);
       m->warning_ = why;
@@ -246,10 +246,10 @@ absl::StatusOr<int64_t> ChooseContext(const ModelConfig& c, const LlamaHparams& 
       static_cast<uint64_t>(h.n_layer) * n_ctx * (h.kv_dim() + h.v_dim()) * sizeof(float);
   const uint64_t memory = PhysicalMemory();
   if (memory > 0 && kv_bytes > memory) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a context of ", n_ctx, " positions needs ", kv_bytes >> 20,
-        " MiB of KV cache per slot, more than this machine's ", memory >> 20,
-        " MiB of memory; set a smaller n_ctx"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a context of ", n_ctx, " positions needs ", kv_bytes >> 20,
+                     " MiB of KV cache per slot, more than this machine's ", memory >> 20,
+                     " MiB of memory; set a smaller n_ctx"));
   }
   return n_ctx;
 }
@@ -274,11 +274,11 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m)
         change = "its header changed";
       }
       if (!change.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the model file changed since it was first loaded (", change,
-            "); this name serves no other weights: ",
-            m->registered ? "delete the model and register it again"
-                          : "restart the daemon to serve the new file"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("the model file changed since it was first loaded (", change,
+                         "); this name serves no other weights: ",
+                         m->registered ? "delete the model and register it again"
+                                       : "restart the daemon to serve the new file"));
       }
     }
   }
@@ -492,8 +492,7 @@ absl::Status ModelRegistry::Unservable(std::string_view name, const ServedModel*
                    known.empty() ? "no models (register one: POST /admin/models)" : known));
 }
 
-bool ModelRegistry::FailIfFileChanged(ServedModel* m,
-                                      const std::shared_ptr<const LoadedModel>& l) {
+bool ModelRegistry::FailIfFileChanged(ServedModel* m, const std::shared_ptr<const LoadedModel>& l) {
   const std::string problem = FileProblem(*l);
   if (problem.empty()) return false;
   std::lock_guard<std::mutex> lock(load_mu_);

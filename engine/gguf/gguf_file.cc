@@ -98,10 +98,10 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   file->mapping_ = mapping;
   file->base_ = static_cast<const uint8_t*>(mapping);
   file->size_ = size;
-  file->stamp_ = GgufFileStamp{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-                               static_cast<int64_t>(st.st_size),
-                               static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
-                                   st.st_mtim.tv_nsec};
+  file->stamp_ =
+      GgufFileStamp{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                    static_cast<int64_t>(st.st_size),
+                    static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
   file->guard_ = MappingGuard(mapping, size);
   if (absl::Status s = file->Parse(); !s.ok()) return s;
   return file;

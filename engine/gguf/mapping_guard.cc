@@ -85,9 +85,7 @@ MappingGuard::MappingGuard(const void* base, size_t size) {
 
 MappingGuard::~MappingGuard() { Release(); }
 
-MappingGuard::MappingGuard(MappingGuard&& other) noexcept : slot_(other.slot_) {
-  other.slot_ = -1;
-}
+MappingGuard::MappingGuard(MappingGuard&& other) noexcept : slot_(other.slot_) { other.slot_ = -1; }
 
 MappingGuard& MappingGuard::operator=(MappingGuard&& other) noexcept {
   if (this != &other) {

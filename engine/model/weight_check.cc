@@ -28,7 +28,8 @@ absl::Status CheckWeightsFinite(const GgufFile& file) {
       // Evenly spread, the first and the last row included.
       const int64_t r = checked == rows ? i : i * (rows - 1) / (checked - 1);
       k->to_float(t.data + static_cast<size_t>(r) * row_bytes, row.data(), n);
-      const auto bad = std::find_if(row.begin(), row.end(), [](float v) { return !std::isfinite(v); });
+      const auto bad =
+          std::find_if(row.begin(), row.end(), [](float v) { return !std::isfinite(v); });
       if (bad != row.end()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "tensor '", t.name, "' holds ", std::isnan(*bad) ? "NaN" : "an infinite value",

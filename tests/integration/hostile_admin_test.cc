@@ -120,8 +120,7 @@ TEST_CASE("admin: a delete or cancel on a full disk changes nothing", "[admin][h
   for (int i = 0; i < 400; ++i) {
     const std::string name = "m" + std::to_string(i);
     const HttpResponse r =
-        Http(d.port(), "POST", "/admin/models",
-             Post({{"path", StoriesModel()}, {"name", name}}));
+        Http(d.port(), "POST", "/admin/models", Post({{"path", StoriesModel()}, {"name", name}}));
     if (r.status != 201) break;
     names.push_back(name);
   }

@@ -1,5 +1,7 @@
 // A model file that shrinks under its mapping (engine/gguf/mapping_guard.h), a FIFO in a model's
 // place, and the finite-weights check at load (engine/model/weight_check.h).
+#include "engine/gguf/mapping_guard.h"
+
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "engine/gguf/gguf.h"
-#include "engine/gguf/mapping_guard.h"
 #include "engine/model/weight_check.h"
 #include "engine/ops/kernels.h"
 #include "test_util.h"
