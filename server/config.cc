@@ -195,6 +195,7 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   sched.Get<int64_t>("retry_after_s", &c->retry_after_s);
   sched.Get<int64_t>("max_batch", &c->max_batch);
   sched.Get<bool>("prompt_cache", &c->prompt_cache);
+  sched.Get<int64_t>("max_context", &c->max_context);
   if (absl::Status s = sched.Finish(); !s.ok()) return s;
 
   SamplingParams& p = c->sampling;
@@ -265,6 +266,7 @@ absl::Status FinalizeConfig(ServerConfig* c) {
         range("scheduler.queue", c->queue, 0, 65536),
         range("scheduler.threads_per_slot", c->threads_per_slot, 0, 1024),
         range("scheduler.max_batch", c->max_batch, 1, 4096),
+        range("scheduler.max_context", c->max_context, 16, int64_t{1} << 20),
         range("server.http_threads", c->http_threads, 0, 4096),
         range("server.max_body_bytes", c->max_body_bytes, 1024, int64_t{1} << 32),
         range("server.read_timeout_s", c->read_timeout_s, 1, 86400),

@@ -70,6 +70,8 @@ struct ServerConfig {
   // and a request goes to the free slot that holds most of its prompt. false: every request
   // prefills its whole prompt.
   bool prompt_cache = true;
+  // Context of a model that sets no n_ctx: its training context, at most this.
+  int64_t max_context = 32768;
 
   // [sampling]: what a request that omits a field gets.
   SamplingParams sampling;

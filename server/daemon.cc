@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/gguf/mapping_guard.h"
 #include "server/grpc_front_end.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
@@ -57,12 +58,16 @@ absl::Status RunDaemon(const ServerConfig& config) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // A model file truncated while it is served must not take the daemon down (SIGBUS on its
+  // mapping): the faulting request fails and the model is unloaded instead.
+  InstallMappingFaultHandler();
 
   Metrics metrics;
   RegistryOptions registry_options;
   registry_options.memory_budget = config.model_memory_budget;
   registry_options.max_batch = config.max_batch;
   registry_options.build_threads = config.threads_per_slot;
+  registry_options.max_context = config.max_context;
   ModelRegistry registry(config.models, registry_options);
   Scheduler scheduler(config, &metrics);
   // Unloaded models leave the idle slots at once (their memory is freed unless a request holds

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "server/errors.h"
 #include "server/model_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -37,12 +38,16 @@ class DecodeLoop::TokenSink {
         metrics_(metrics),
         delay_ms_(delay_ms),
         stop_(*stop),
-        pending_(*pending) {
+        pending_(*pending),
+        file_(job.model->model->gguf()) {
     stop_.Reset(&r_.stop);
     pending_.clear();
   }
 
   TokenAction OnToken(const GeneratedToken& t, int32_t n_vocab) {
+    // The token came from zeros where the file's mapping faulted (mapping_guard.h): it is
+    // never emitted, the job fails.
+    if (file_.faulted()) return TokenAction::kCancel;
     ++stats_->completion_tokens;
     metrics_->AddGeneratedToken();
     const Clock::time_point now = Clock::now();
@@ -123,7 +128,8 @@ class DecodeLoop::TokenSink {
   const int delay_ms_;
   StopMatcher& stop_;
   std::vector<TokenLogprobs>& pending_;
-  size_t produced_ = 0;  // bytes of text generated so far in this job
+  const GgufFile& file_;  // the model's weights: checked per token
+  size_t produced_ = 0;   // bytes of text generated so far in this job
   Clock::time_point last_ = Clock::now();
 };
 
@@ -270,6 +276,20 @@ StopReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* 
   {
     std::lock_guard<std::mutex> lock(models_mu_);  // CachedPrefix reads it from other threads
     m.tokens = std::move(tokens);
+  }
+  const GgufFile& file = job.model->model->gguf();
+  if (file.faulted()) {
+    session.Reset();  // computed from zero pages: nothing of it is kept
+    {
+      std::lock_guard<std::mutex> lock(models_mu_);
+      m.tokens.clear();
+    }
+    *error = Unavailable(
+        "model_failed",
+        absl::StrCat("model '", job.model->config().name, "': its file ", file.path(),
+                     " was truncated or could not be read while this request ran; the model is "
+                     "unloaded at its next request"));
+    return StopReason::kError;
   }
   if (!result.ok()) {
     *error = result.status();

@@ -63,6 +63,7 @@ void ToProto(const ModelInfo& info, pb::ModelInfo* out) {
   ToStruct(info.runs_on, out->mutable_runs_on());
   out->set_gpu_memory(info.gpu_memory);
   out->set_gpu_layers(info.gpu_layers);
+  out->set_warning(ProtoText(info.warning));
   if (!info.placement.is_object()) out->clear_placement();
   if (!info.report.is_object()) out->clear_report();
   out->set_version(info.version);

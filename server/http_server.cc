@@ -44,17 +44,21 @@ const char* EndpointLabel(const std::string& method, const std::string& path) {
 json ModelObject(const ServedModel& m) {
   const std::shared_ptr<const LoadedModel> loaded = m.loaded();
   const std::shared_ptr<const Engine> engine = loaded ? loaded->engine() : nullptr;
-  return {{"id", m.config.name},
-          {"object", "model"},
-          {"created", loaded ? loaded->created : 0},
-          {"owned_by", "thermocline"},
-          {"status", ModelStateName(m.state.load())},
-          {"loaded", loaded != nullptr},
-          {"context_length", loaded ? loaded->n_ctx : 0},
-          {"chat_template", loaded ? loaded->chat_template->name() : ""},
-          {"mode", m.mode()},
-          {"placement", engine ? EnginePlacementSummaryJson(*engine) : json(nullptr)},
-          {"runs_on", engine ? RunsOnJson(engine->placement()) : json(nullptr)}};
+  const ModelState state = m.state.load();
+  json model = {{"id", m.config.name},
+                {"object", "model"},
+                {"created", loaded ? loaded->created : 0},
+                {"owned_by", "thermocline"},
+                {"status", ModelStateName(state)},
+                {"loaded", loaded != nullptr},
+                {"context_length", loaded ? loaded->n_ctx : 0},
+                {"chat_template", loaded ? loaded->chat_template->name() : ""},
+                {"mode", m.mode()},
+                {"placement", engine ? EnginePlacementSummaryJson(*engine) : json(nullptr)},
+                {"runs_on", engine ? RunsOnJson(engine->placement()) : json(nullptr)}};
+  if (state == ModelState::kFailed) model["error"] = m.error();
+  if (const std::string warning = m.warning(); !warning.empty()) model["warning"] = warning;
+  return model;
 }
 
 ConnectionLimits LimitsOf(const ServerConfig& c) {
@@ -315,6 +319,7 @@ void HttpFrontEnd::HandleHealth(httplib::Response& res) {
 }
 
 void HttpFrontEnd::HandleModels(const httplib::Request& req, httplib::Response& res) {
+  registry_->CheckFiles();  // a model whose file changed is listed failed, with why
   if (req.matches.size() > 1) {
     const std::string id = req.matches[1];
     for (const ServedModel* m : registry_->models()) {

@@ -14,6 +14,7 @@ nlohmann::json ModelInfoJson(const ModelInfo& info) {
   j["percent"] = info.percent;
   j["eta_s"] = info.eta_s < 0 ? json(nullptr) : json(info.eta_s);
   j["last_error"] = info.last_error.empty() ? json(nullptr) : json(info.last_error);
+  j["warning"] = info.warning.empty() ? json(nullptr) : json(info.warning);
   j["sidecar_path"] = info.sidecar_path.empty() ? json(nullptr) : json(info.sidecar_path);
   j["mode"] = info.mode;
   j["loaded"] = info.loaded;

@@ -38,6 +38,7 @@ struct ModelInfo {
   double percent = 0;  // job progress 0..100
   double eta_s = -1;   // -1 unknown
   std::string last_error;
+  std::string warning;  // the model serves, but not as asked (a sidecar that does not load)
   std::string sidecar_path;
   std::string mode;                        // "dense" | "sparse" (how requests are served now)
   bool loaded = false;                     // weights in memory
@@ -50,7 +51,7 @@ struct ModelInfo {
 };
 
 // The HTTP/CLI JSON shape of one model: an object with every field of ModelInfo under the same
-// names (eta_s null when unknown, last_error/sidecar_path null when empty).
+// names (eta_s null when unknown, last_error/warning/sidecar_path null when empty).
 nlohmann::json ModelInfoJson(const ModelInfo& info);
 
 // Thread-safe. Errors carry canonical codes: InvalidArgument (bad spec), AlreadyExists

@@ -148,6 +148,14 @@ ModelInfo ModelManager::InfoLocked(const Entry& e) const {
   info.mode = "dense";
   if (const ServedModel* m = registry_->Lookup(r.name)) {
     info.mode = m->mode();
+    info.warning = m->warning();
+    // Served, it failed: its file changed under it, or it does not load. The job's state says
+    // nothing of that, so the served model's failure shows through.
+    if (m->state.load(std::memory_order_acquire) == ModelState::kFailed &&
+        r.state != ModelState::kUnloading) {
+      info.state = ModelState::kFailed;
+      if (const std::string error = m->error(); !error.empty()) info.last_error = error;
+    }
     const std::shared_ptr<const LoadedModel> l = m->loaded();
     info.loaded = l != nullptr;
     if (l != nullptr) info.runs_on = RunsOnJson(l->engine()->placement());
@@ -287,6 +295,10 @@ absl::StatusOr<ModelInfo> ModelManager::Register(const RegisterSpec& spec) {
                                                  "' already exists; delete it first or pick "
                                                  "another name"));
   }
+  if (undeleted_rows_.contains(r.name)) {  // a delete of this name left its row behind
+    if (absl::Status s = store_->Delete(r.name); !s.ok() && !absl::IsNotFound(s)) return s;
+    undeleted_rows_.erase(r.name);
+  }
   RemoveArtefacts(r.name);  // of an earlier model of this name
   if (absl::Status s = store_->Insert(r); !s.ok()) return s;
   if (auto added = registry_->Add(ServedConfig(r, config_)); !added.ok()) {
@@ -332,14 +344,25 @@ absl::Status ModelManager::Delete(std::string_view name) {
       return NotFound("model_not_found",
                       absl::StrCat("no registered model named '", ToAbsl(name), "'"));
     }
-    e->record.state =
-        ModelState::kUnloading;  // durable first: a crash now finishes the delete at start
-    if (absl::Status s = PersistLocked(*e); !s.ok()) return s;
+    // Durable first: a crash after this finishes the delete at the next start. When it cannot
+    // be written (a full disk), nothing has changed, in memory either.
+    const ModelRecord before = e->record;
+    e->record.state = ModelState::kUnloading;
+    if (absl::Status s = PersistLocked(*e); !s.ok()) {
+      e->record = before;
+      return s;
+    }
     running = e->running;
     if (e->cancel) e->cancel->store(true);
     std::erase_if(queue_, [&](const auto& q) { return q.first == key; });
     registry_->Remove(name).IgnoreError();
-    if (absl::Status s = store_->Delete(key); !s.ok()) return s;
+    // The delete is decided (the row says unloading): when the row itself cannot be removed
+    // now, the next start-up removes it, and a registration of the name first retries.
+    if (absl::Status s = store_->Delete(key); !s.ok()) {
+      spdlog::warn("model '{}': its registry row is removed at the next start ({})", key,
+                   std::string(s.message()));
+      undeleted_rows_.insert(key);
+    }
     entries_.erase(entries_.find(name));
     changed_.notify_all();
   }
@@ -361,13 +384,17 @@ absl::Status ModelManager::Cancel(std::string_view name) {
     return absl::OkStatus();
   }
   if (e->queued) {
-    const std::string key(name);
-    std::erase_if(queue_, [&](const auto& q) { return q.first == key; });
-    e->queued = false;
+    const ModelRecord before = e->record;
     e->record.state = ModelState::kFailed;
     e->record.last_error =
         "cancelled before it started; the model is served dense (register it again to profile)";
-    if (absl::Status s = PersistLocked(*e); !s.ok()) return s;
+    if (absl::Status s = PersistLocked(*e); !s.ok()) {
+      e->record = before;  // still queued, as the database says
+      return s;
+    }
+    const std::string key(name);
+    std::erase_if(queue_, [&](const auto& q) { return q.first == key; });
+    e->queued = false;
     BumpLocked(*e);
     return absl::OkStatus();
   }

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +80,9 @@ class ModelManager : public ModelAdmin {
   std::condition_variable changed_;  // any entry's version, or the queue
   std::map<std::string, Entry, std::less<>> entries_;
   std::deque<std::pair<std::string, uint64_t>> queue_;
+  // Names deleted whose row could not be removed (a full disk): it says unloading, so start-up
+  // removes it; a registration of the name removes it first.
+  std::set<std::string, std::less<>> undeleted_rows_;
   uint64_t next_id_ = 1;
   int64_t version_ = 0;
   bool stopping_ = false;

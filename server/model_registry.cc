@@ -1,10 +1,13 @@
 #include "server/model_registry.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <ctime>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/weight_check.h"
 #include "offline/sparse_source.h"
 #include "server/errors.h"
 #include "spdlog/spdlog.h"
@@ -100,6 +103,11 @@ const char* ServedModel::mode() const {
   return pending_sidecar_.empty() ? "dense" : "sparse";
 }
 
+std::string ServedModel::warning() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return warning_;
+}
+
 std::string ServedModel::sidecar_path() const {
   std::lock_guard<std::mutex> lock(mu_);
   return loaded_ != nullptr ? sidecar_ : pending_sidecar_;
@@ -138,13 +146,21 @@ absl::StatusOr<std::optional<SparsePlan>> ModelRegistry::ResolveSparse(ServedMod
   if (!resolved.ok()) {
     // A registered model stays usable dense when its job's sidecar cannot be used.
     if (m->registered) {
-      spdlog::warn("model '{}': {}; serving dense", c.name,
-                   std::string(resolved.status().message()));
+      const std::string why =
+          absl::StrCat("its sidecar does not load (", resolved.status().message(),
+                       "); it is served dense: register it again to profile it anew");
+      spdlog::warn("model '{}': {}", c.name, why);
+      std::lock_guard<std::mutex> lock(m->mu_);
+      m->warning_ = why;
       return std::optional<SparsePlan>();
     }
     return resolved.status();
   }
-  if (!resolved->warning.empty()) spdlog::warn("model '{}': {}", c.name, resolved->warning);
+  if (!resolved->warning.empty()) {
+    spdlog::warn("model '{}': {}", c.name, resolved->warning);
+    std::lock_guard<std::mutex> lock(m->mu_);
+    m->warning_ = resolved->warning;
+  }
   if (resolved->plan.has_value()) *sidecar = resolved->plan->sidecar_path;
   return std::move(resolved->plan);
 }
@@ -182,6 +198,75 @@ int64_t ModelFileBytes(const std::string& path) {
   return ec ? 0 : static_cast<int64_t>(size);
 }
 
+// FNV-1a 64 of the file's header region (its first MiB at most): with the stamp, who the file
+// is.
+uint64_t HeaderHash(const GgufFile& file) {
+  std::string_view bytes = file.header_bytes();
+  bytes = bytes.substr(0, size_t{1} << 20);
+  uint64_t h = 14695981039346656037ull;
+  for (char c : bytes) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// How `now` differs from the file as it was opened, in words; "" when it does not.
+std::string FileChange(const GgufFileStamp& was, const GgufFileStamp& now) {
+  if (now.device != was.device || now.inode != was.inode) return "it was replaced by another file";
+  if (now.size != was.size) {
+    return absl::StrCat("its size changed from ", was.size, " to ", now.size,
+                        " bytes (truncated or rewritten)");
+  }
+  if (now.mtime_ns != was.mtime_ns) return "it was modified (its modification time changed)";
+  return "";
+}
+
+// Why the file `l` was loaded from can no longer be served; "" when it can. One stat.
+std::string FileProblem(const LoadedModel& l) {
+  const GgufFile& f = l.model->gguf();
+  if (f.faulted()) {
+    return "reading it failed while it was served (the file was truncated or its disk failed)";
+  }
+  const absl::StatusOr<GgufFileStamp> now = GgufFileStamp::Of(f.path());
+  if (!now.ok()) return "it was deleted or can no longer be read";
+  return FileChange(f.stamp(), *now);
+}
+
+// Bytes of physical memory; 0 when unknown.
+uint64_t PhysicalMemory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+// The context of each slot's session: the configured n_ctx, else the training context capped at
+// `max_context`; refused when one session's KV cache could not fit in this machine's memory.
+absl::StatusOr<int64_t> ChooseContext(const ModelConfig& c, const LlamaHparams& h,
+                                      int64_t max_context) {
+  int64_t n_ctx = c.n_ctx;
+  if (n_ctx <= 0) {
+    n_ctx = h.n_ctx_train > 0 ? h.n_ctx_train : 2048;
+    if (n_ctx > max_context) {
+      spdlog::warn(
+          "model '{}': its training context of {} positions is served as {} "
+          "(scheduler.max_context; set n_ctx in its [[models]] entry for more)",
+          c.name, n_ctx, max_context);
+      n_ctx = max_context;
+    }
+  }
+  const uint64_t kv_bytes =
+      static_cast<uint64_t>(h.n_layer) * n_ctx * (h.kv_dim() + h.v_dim()) * sizeof(float);
+  const uint64_t memory = PhysicalMemory();
+  if (memory > 0 && kv_bytes > memory) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a context of ", n_ctx, " positions needs ", kv_bytes >> 20,
+                     " MiB of KV cache per slot, more than this machine's ", memory >> 20,
+                     " MiB of memory; set a smaller n_ctx"));
+  }
+  return n_ctx;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m) {
@@ -193,6 +278,27 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m)
   }
   auto model = LlamaModel::Load(m->config.path, options);
   if (!model.ok()) return model.status();
+  const uint64_t header_hash = HeaderHash((*model)->gguf());
+  {
+    std::lock_guard<std::mutex> lock(m->mu_);
+    if (m->pinned_.has_value()) {
+      std::string change = FileChange(m->pinned_->stamp, (*model)->gguf().stamp());
+      if (change.empty() && header_hash != m->pinned_->header_hash) {
+        change = "its header changed";
+      }
+      if (!change.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the model file changed since it was first loaded (", change,
+                         "); this name serves no other weights: ",
+                         m->registered ? "delete the model and register it again"
+                                       : "restart the daemon to serve the new file"));
+      }
+    }
+  }
+  if (absl::Status s = CheckWeightsFinite((*model)->gguf()); !s.ok()) return s;
+  absl::StatusOr<int64_t> n_ctx =
+      ChooseContext(m->config, (*model)->hparams(), options_.max_context);
+  if (!n_ctx.ok()) return n_ctx.status();
   for (const std::string& w : (*model)->warnings()) {
     spdlog::warn("model '{}': {}", m->config.name, w);
   }
@@ -200,6 +306,8 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m)
   auto l = std::make_shared<LoadedModel>(
       m, resident_, file_bytes > 0 ? file_bytes : static_cast<int64_t>((*model)->weight_bytes()));
   l->model = std::move(*model);
+  l->header_hash = header_hash;
+  l->n_ctx = *n_ctx;
   const Tokenizer& tok = l->model->tokenizer();
   l->encoder = std::make_unique<PromptEncoder>(tok);
 
@@ -218,16 +326,16 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m)
     const int32_t id = l->encoder->FindControl(text);
     if (id >= 0) l->end_of_turn_tokens.push_back(id);
   }
-
-  const int64_t train_ctx = l->model->hparams().n_ctx_train;
-  l->n_ctx = m->config.n_ctx > 0 ? m->config.n_ctx : train_ctx;
-  if (l->n_ctx <= 0) l->n_ctx = 2048;
   return l;
 }
 
 absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
   const auto start = std::chrono::steady_clock::now();
   m->state.store(ModelState::kLoading, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(m->mu_);
+    m->warning_.clear();
+  }
   absl::StatusOr<std::shared_ptr<LoadedModel>> l = Load(m);
   std::string sidecar;
   absl::StatusOr<std::optional<SparsePlan>> plan =
@@ -252,6 +360,10 @@ absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
     std::lock_guard<std::mutex> lock(m->mu_);
     m->loaded_ = loaded;
     m->sidecar_ = sidecar;
+    m->error_.clear();
+    if (!m->pinned_.has_value()) {
+      m->pinned_ = ServedModel::Pin{loaded->model->gguf().stamp(), loaded->header_hash};
+    }
   }
   m->state.store(ModelState::kReady, std::memory_order_release);
   const SparsePlan* sparse = (*engine)->sparse_plan();
@@ -396,10 +508,41 @@ absl::Status ModelRegistry::Unservable(std::string_view name, const ServedModel*
                    known.empty() ? "no models (register one: POST /admin/models)" : known));
 }
 
+bool ModelRegistry::FailIfFileChanged(ServedModel* m, const std::shared_ptr<const LoadedModel>& l) {
+  const std::string problem = FileProblem(*l);
+  if (problem.empty()) return false;
+  std::lock_guard<std::mutex> lock(load_mu_);
+  if (m->loaded() != l) return true;  // unloaded meanwhile (by another request's check too)
+  const std::string why =
+      absl::StrCat("its file ", m->config.path, " changed while it was loaded: ", problem,
+                   "; the model is unloaded (",
+                   m->registered ? "delete it and register it again"
+                                 : "restart the daemon to serve the new file",
+                   ")");
+  spdlog::error("model '{}': {}", m->config.name, why);
+  UnloadLocked(m, "its file changed");
+  {
+    std::lock_guard<std::mutex> model_lock(m->mu_);
+    m->error_ = why;
+  }
+  // After UnloadLocked's kUnloading: the freed instance leaves kFailed as it is.
+  m->state.store(ModelState::kFailed, std::memory_order_release);
+  NotifyUnloaded();
+  return true;
+}
+
+void ModelRegistry::CheckFiles() {
+  for (ServedModel* m : models()) {
+    if (const std::shared_ptr<const LoadedModel> l = m->loaded()) FailIfFileChanged(m, l);
+  }
+}
+
 absl::StatusOr<ModelLease> ModelRegistry::FindOrLoad(std::string_view name) {
   ServedModel* m = Lookup(name);
   if (m == nullptr) return Unservable(name, nullptr);
   std::shared_ptr<const LoadedModel> l = m->loaded();
+  // A stat per request: a file truncated or rewritten under its mapping is never computed on.
+  if (l != nullptr && FailIfFileChanged(m, l)) return Unservable(name, m);
   if (l == nullptr && started_.load(std::memory_order_acquire)) {
     // Not in memory (registered, unloaded, or failed: its file may have been fixed).
     std::lock_guard<std::mutex> lock(load_mu_);

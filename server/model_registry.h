@@ -66,6 +66,7 @@ struct LoadedModel {
   std::optional<ChatTemplate> chat_template;
   std::vector<int32_t> end_of_turn_tokens;  // the template's end-of-turn control token
   int64_t n_ctx = 0;                        // context of each slot's session
+  uint64_t header_hash = 0;  // FNV-1a of the file's GGUF header region (its first MiB at most)
   int64_t created = 0;                      // unix seconds when it became ready
   int64_t bytes = 0;  // charged against the budget: the GGUF file's size (it is mapped)
   // What the budget counts: bytes plus the engine's sparse FFN copies.
@@ -164,16 +165,27 @@ struct ServedModel {
   const char* mode() const;
   // The sidecar the model is served from, or will be once it loads; "" when none. Thread-safe.
   std::string sidecar_path() const;
+  // What deserves a word although the model serves (its sidecar did not load: served dense);
+  // "" when nothing. Thread-safe.
+  std::string warning() const;
 
  private:
   friend class ModelRegistry;
   friend struct LoadedModel;
-  // guards loaded_, sidecar_, pending_sidecar_, error_; a leaf lock
+  // guards loaded_, sidecar_, pending_sidecar_, error_, warning_, pinned_; a leaf lock
   mutable std::mutex mu_;
   std::shared_ptr<const LoadedModel> loaded_;
   std::string sidecar_;          // the loaded engine's sidecar ("" dense or not from a sidecar)
   std::string pending_sidecar_;  // to use when the (unloaded) model loads
   std::string error_;
+  std::string warning_;
+  // The file its first load read: a later load (after an unload) must find the same file, or
+  // the name would silently serve other weights.
+  struct Pin {
+    GgufFileStamp stamp;
+    uint64_t header_hash = 0;
+  };
+  std::optional<Pin> pinned_;
   std::atomic<int> unloading_{0};  // unloaded instances still alive (in use)
 };
 
@@ -182,6 +194,9 @@ struct RegistryOptions {
   int64_t memory_budget = 0;  // bytes of models loaded at once (0: unlimited)
   int64_t max_batch = 64;     // prefill chunk of every session
   int build_threads = 1;      // threads that build the sparse copies at load
+  // Context of a model that sets no n_ctx: its training context, at most this (a file may claim
+  // millions of positions, whose KV cache no machine holds).
+  int64_t max_context = 32768;
 };
 
 class ModelRegistry {
@@ -215,6 +230,10 @@ class ModelRegistry {
   absl::Status UseSidecar(std::string_view name, const std::string& sidecar_path);
   // Any state, removed excluded; null when unknown.
   ServedModel* Lookup(std::string_view name) const;
+  // Checks the files of the loaded models (a stat each): one that was truncated, rewritten,
+  // replaced or deleted since it was loaded, or whose mapping faulted, is unloaded and marked
+  // kFailed with why. FindOrLoad does it for the model it serves; the model lists call it.
+  void CheckFiles();
 
   // Idle unloading (Ollama's keep_alive): `m` stays loaded for `keep_alive` after it becomes
   // idle (no request on it), then unloads; it loads again on its next request. A negative
@@ -244,6 +263,9 @@ class ModelRegistry {
   // NotFound or Unavailable (loading, failed) for a model that cannot serve now.
   absl::Status Unservable(std::string_view name, const ServedModel* m) const;
   absl::StatusOr<std::shared_ptr<LoadedModel>> Load(ServedModel* m);
+  // Unloads `l`, m's loaded instance, and marks m kFailed when its file changed under it (see
+  // CheckFiles). True when it did.
+  bool FailIfFileChanged(ServedModel* m, const std::shared_ptr<const LoadedModel>& l);
   // Load + publish + state transitions + log. load_mu_ held.
   absl::Status LoadOneLocked(ServedModel* m);
   // Brings `m` into memory (its still-alive unloaded instance, or a fresh load), first making

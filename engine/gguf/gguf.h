@@ -2,6 +2,7 @@
 // Also reads PowerInfer's files (magic "PWRI", otherwise GGUF v3).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/gguf/mapping_guard.h"
 #include "engine/ops/ggml_types.h"
 
 namespace thermocline {
@@ -94,10 +96,24 @@ struct GgufTensorInfo {
   const uint8_t* data = nullptr;  // into the mapping; valid while the GgufFile lives
 };
 
+// Who a mapped file was when it was opened: a file replaced (other inode), rewritten (mtime) or
+// truncated (size) since no longer matches.
+struct GgufFileStamp {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  int64_t size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const GgufFileStamp&) const = default;
+  // The stamp of `path` now (stat; no open).
+  static absl::StatusOr<GgufFileStamp> Of(const std::string& path);
+};
+
 class GgufFile {
  public:
   // Maps the file read-only and parses it. Every count, length, type, dimension and offset is
-  // validated against the file size before use; errors name the problem and the path.
+  // validated against the file size before use; errors name the problem and the path. Anything
+  // but a regular file (a FIFO, a device) is refused without being opened, so Open never blocks
+  // on one.
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   // Parses a file image held in memory (tests, fuzzing); the bytes are copied.
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string_view bytes);
@@ -112,6 +128,15 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   uint64_t file_size() const { return size_; }
   uint64_t data_offset() const { return data_offset_; }
+  // The file as opened (zeros for FromBytes).
+  const GgufFileStamp& stamp() const { return stamp_; }
+  // The bytes before the tensor data: magic, metadata and tensor table.
+  std::string_view header_bytes() const {
+    return {reinterpret_cast<const char*>(base_), static_cast<size_t>(std::min(data_offset_, size_))};
+  }
+  // True once a read of the mapping faulted (the file shrank or its disk failed under it; see
+  // mapping_guard.h): its data can no longer be trusted. Lock-free: cheap enough per token.
+  bool faulted() const { return guard_.faulted(); }
 
   const std::vector<GgufKeyValue>& metadata() const { return metadata_; }
   const GgufValue* Find(std::string_view key) const;
@@ -145,6 +170,8 @@ class GgufFile {
   uint64_t size_ = 0;
   void* mapping_ = nullptr;     // mmap'd region, or nullptr
   std::vector<uint8_t> owned_;  // FromBytes copy
+  GgufFileStamp stamp_;
+  MappingGuard guard_;  // of mapping_
   uint32_t version_ = 0;
   bool powerinfer_ = false;
   uint64_t alignment_ = 32;

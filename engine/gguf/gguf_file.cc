@@ -60,9 +60,17 @@ bool IsFloatType(GgufValueType t) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return OpenError(path, errno);
+  // The type is checked before anything opens the path: open() of a FIFO blocks until a writer
+  // comes (for ever, under whatever lock the caller holds), that of a device may have effects.
   struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return OpenError(path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  // Non-blocking, and the type checked again on what was opened: the path may have been
+  // replaced by a FIFO since the stat.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return OpenError(path, errno);
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
@@ -72,6 +80,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   if (st.st_size == 0) {
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(path, ": file is empty, not a GGUF file"));
@@ -89,8 +98,21 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   file->mapping_ = mapping;
   file->base_ = static_cast<const uint8_t*>(mapping);
   file->size_ = size;
+  file->stamp_ =
+      GgufFileStamp{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                    static_cast<int64_t>(st.st_size),
+                    static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  file->guard_ = MappingGuard(mapping, size);
   if (absl::Status s = file->Parse(); !s.ok()) return s;
   return file;
+}
+
+absl::StatusOr<GgufFileStamp> GgufFileStamp::Of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return OpenError(path, errno);
+  return GgufFileStamp{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                       static_cast<int64_t>(st.st_size),
+                       static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string_view bytes) {
@@ -103,6 +125,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string_view b
 }
 
 GgufFile::~GgufFile() {
+  guard_ = MappingGuard();  // before the region can be mapped again by anyone
   if (mapping_ != nullptr) ::munmap(mapping_, size_);
 }
 

@@ -2,7 +2,8 @@
 """Reruns the hostile-client measurements of issue 23 against a daemon on the stories test model
 and prints one line per figure: a gzip bomb, an endless chunked body, a body without a key,
 slow clients against /health, a 64-client load, dropped non-streamed requests, large and
-parallel /tokenize calls, and the daemon's memory and descriptors before and after. Not a
+parallel /tokenize calls, the daemon's memory and descriptors before and after, and model files
+attacked while served (a FIFO in a model's place, a file truncated mid-request). Not a
 test (the figures depend on the machine); the regression tests are tests/integration/hostile_*.
 
 Usage: rerun.py THERMOCLINE_BINARY MODELS_DIR
@@ -245,6 +246,54 @@ def tokenize(d):
            f"{sorted(set(results))}, {proc_field(d.p.pid, 'VmHWM') >> 10}")
 
 
+def model_files(binary, models):
+    work = tempfile.mkdtemp(prefix="thermocline-rerun-files-")
+    copy = os.path.join(work, "copy.gguf")
+    with open(f"{models}/stories260K.gguf", "rb") as src, open(copy, "wb") as dst:
+        dst.write(src.read())
+    d = Daemon(binary, models, f'[[models]]\npath = "{copy}"\nname = "copy"\n'
+               "[debug]\ndecode_delay_ms = 20\n")
+    body = json.dumps({"model": "copy", "prompt": "Once", "max_tokens": 8}).encode()
+    request(d.port, "POST", "/v1/completions", body)
+    os.remove(copy)
+    os.mkfifo(copy)
+    t = time.time()
+    status, _ = request(d.port, "POST", "/v1/completions", body, timeout=30)
+    report("model file replaced by a FIFO: status, s", f"{status}, {time.time() - t:.3f}")
+    t = time.time()
+    status, _ = request(d.port, "GET", "/admin/models", timeout=30)
+    report("  then GET /admin/models: status, s", f"{status}, {time.time() - t:.3f}")
+    d.stop()
+    os.remove(copy)
+    with open(f"{models}/stories260K.gguf", "rb") as src, open(copy, "wb") as dst:
+        dst.write(src.read())
+    d = Daemon(binary, models, f'[[models]]\npath = "{copy}"\nname = "copy"\n'
+               "[debug]\ndecode_delay_ms = 20\n")
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=30)
+    stream = json.dumps({"model": "copy", "prompt": "Once", "max_tokens": 300, "ignore_eos": True,
+                         "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(stream)}\r\nConnection: close\r\n\r\n".encode() + stream)
+    s.recv(4096)
+    os.truncate(copy, 4096)
+    data = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    alive = d.p.poll() is None
+    other = request(d.port, "POST", "/v1/completions",
+                    json.dumps({"model": "stories", "prompt": "Once", "max_tokens": 4}).encode())[0] \
+        if alive else 0
+    report("model file truncated mid-stream: daemon alive, error event, other model",
+           f"{alive}, {b'model_failed' in data}, {other}")
+    d.stop()
+
+
 def main():
     binary, models = sys.argv[1], sys.argv[2]
     d = Daemon(binary, models)
@@ -258,6 +307,7 @@ def main():
     tokenize(d)
     d.stop()
     dropped(binary, models)
+    model_files(binary, models)
 
 
 if __name__ == "__main__":

@@ -111,6 +111,37 @@ TEST_CASE("admin: a full disk is 503 registry_unavailable, never 500", "[admin][
   CHECK(Http(d.port(), "GET", "/health").status == 200);
 }
 
+// A delete that cannot be written leaves the model as it was: not "unloading" in memory while
+// the database says otherwise. A cancel likewise.
+TEST_CASE("admin: a delete or cancel on a full disk changes nothing", "[admin][hostile]") {
+  REQUIRE_STORIES_MODEL();
+  DaemonProcess d("[debug]\njob_stage_delay_ms = 600000\n", true, 192 << 10);
+  std::vector<std::string> names;
+  for (int i = 0; i < 400; ++i) {
+    const std::string name = "m" + std::to_string(i);
+    const HttpResponse r =
+        Http(d.port(), "POST", "/admin/models", Post({{"path", StoriesModel()}, {"name", name}}));
+    if (r.status != 201) break;
+    names.push_back(name);
+  }
+  REQUIRE(names.size() >= 2);
+  const std::string last = names.back();  // queued behind m0's job, which sleeps in its stage
+  const nlohmann::json before = Json(Http(d.port(), "GET", "/admin/models/m0").body);
+  const HttpResponse del = Http(d.port(), "DELETE", "/admin/models/m0");
+  INFO(del.body);
+  REQUIRE(del.status == 503);
+  CHECK(ErrorCode(del) == "registry_unavailable");
+  const nlohmann::json after = Json(Http(d.port(), "GET", "/admin/models/m0").body);
+  CHECK(after["state"] == before["state"]);
+  CHECK(after["state"] != "unloading");
+  const nlohmann::json queued = Json(Http(d.port(), "GET", "/admin/models/" + last).body);
+  const HttpResponse cancel = Http(d.port(), "POST", "/admin/models/" + last + "/cancel");
+  INFO(cancel.body);
+  CHECK(cancel.status == 503);
+  CHECK(Json(Http(d.port(), "GET", "/admin/models/" + last).body)["state"] == queued["state"]);
+  CHECK(Json(Http(d.port(), "GET", "/admin/models").body)["models"].size() == names.size());
+}
+
 TEST_CASE("registry: a read-only state directory is 503 registry_unavailable", "[admin][hostile]") {
   const fs::path state = TempDir() / "readonly.state";
   {
