@@ -17,7 +17,9 @@ void* AllocateHugePageBacked(size_t bytes) {
   void* p = std::aligned_alloc(kHugePageBytes, rounded);
   if (p == nullptr) throw std::bad_alloc();
   // Advice only: without THP (or with it off) the pages stay 4 KB and everything still works.
-  madvise(p, rounded, MADV_HUGEPAGE);
+  // The huge pages the data fills; a partial last one stays 4 KB pages, so that the rounding
+  // costs address space, not RAM.
+  madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
   return p;
 }
 
