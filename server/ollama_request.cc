@@ -263,6 +263,31 @@ absl::StatusOr<std::chrono::milliseconds> ParseKeepAlive(const json& value) {
       static_cast<int64_t>(std::min(*seconds, 100.0 * 365 * 86400) * 1000.0 + 0.5));
 }
 
+namespace {
+
+// "format": "json" (Ollama's JSON mode; a JSON object, as OpenAI's json_object) or a JSON
+// schema, through the same constrained decoding as response_format; "" or absent: free text.
+absl::Status FormatField(const json& body, GenerationSpec* spec) {
+  const auto it = body.find("format");
+  if (it == body.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty())) {
+    return absl::OkStatus();
+  }
+  if (it->is_string() && it->get<std::string>() == "json") {
+    spec->response_format = "json_object";
+    return absl::OkStatus();
+  }
+  if (it->is_object()) {
+    spec->response_format = "json_schema";
+    spec->json_schema = nlohmann::ordered_json::parse(it->dump());
+    spec->json_schema_strict = true;
+    return absl::OkStatus();
+  }
+  return InvalidRequest("format", "invalid_value",
+                        "'format' must be \"json\" or a JSON schema object");
+}
+
+}  // namespace
+
 absl::StatusOr<OllamaGeneration> OllamaGenerationRequest(const json& body, bool chat,
                                                          const ModelRegistry& registry) {
   OllamaGeneration g;
@@ -274,9 +299,6 @@ absl::StatusOr<OllamaGeneration> OllamaGenerationRequest(const json& body, bool 
   spec.kind = ApiKind::kChat;
   for (const auto& [key, why] : std::initializer_list<std::pair<const char*, const char*>>{
            {"images", "the served models read text only"},
-           {"format",
-            "constrained JSON output is not connected to the Ollama routes yet; ask for JSON in "
-            "the prompt"},
            {"tools", "tool calls are not parsed from the output on the Ollama routes yet"},
            {"suffix", "fill-in-the-middle is not supported"},
            {"template", "the prompt format is the model's chat template"},
@@ -284,6 +306,7 @@ absl::StatusOr<OllamaGeneration> OllamaGenerationRequest(const json& body, bool 
            {"think", "the served models have no thinking mode"}}) {
     if (absl::Status s = Refuse(body, key, why); !s.ok()) return s;
   }
+  if (absl::Status s = FormatField(body, &spec); !s.ok()) return s;
   spec.stream = true;  // Ollama streams unless told not to
   if (absl::Status s = GetBool(body, "stream", &spec.stream); !s.ok()) return s;
   if (absl::Status s = KeepAliveField(body, &g.keep_alive); !s.ok()) return s;

@@ -153,6 +153,42 @@ TEST_CASE("/api/chat: the same answer streamed and not", "[server][ollama]") {
   CHECK(text.size() > 0);
 }
 
+// format: "json" and a schema constrain the output as response_format does on the OpenAI routes:
+// the story model's answer starts as a JSON object, and the bounded schema's answer is one,
+// with its required key.
+TEST_CASE("/api/generate and /api/chat: format json and a JSON schema", "[server][ollama]") {
+  REQUIRE_STORIES_MODEL();
+  DaemonProcess d;
+  const json schema = {{"type", "object"},
+                       {"properties", {{"name", {{"type", "string"}, {"maxLength", 12}}}}},
+                       {"required", {"name"}}};
+  const json gen = Ok(Post(d.port(), "/api/generate",
+                           {{"model", kModelName},
+                            {"prompt", "Once upon a time"},
+                            {"stream", false},
+                            {"format", "json"},
+                            {"options", {{"temperature", 0}, {"num_predict", 60}}}}));
+  INFO(gen.dump());
+  // An object begins at once; whole when the grammar ended it (the story model may also run out
+  // of tokens inside a string: "json" bounds no length).
+  const std::string text = gen["response"];
+  REQUIRE(!text.empty());
+  CHECK(text.find_first_not_of(" \n\t") == text.find('{'));
+  if (gen["done_reason"] == "stop") CHECK(json::parse(text).is_object());
+  const json chat = Ok(Post(d.port(), "/api/chat",
+                            {{"model", kModelName},
+                             {"messages", {{{"role", "user"}, {"content", "Who is Lily?"}}}},
+                             {"stream", false},
+                             {"format", schema},
+                             {"options", {{"temperature", 0}, {"num_predict", 80}}}}));
+  INFO(chat.dump());
+  CHECK(chat["done_reason"] == "stop");  // the schema bounds the answer: the grammar ends it
+  const json person = json::parse(chat["message"]["content"].get<std::string>());
+  REQUIRE(person.is_object());
+  REQUIRE(person["name"].is_string());
+  CHECK(person["name"].get<std::string>().size() <= 12);
+}
+
 TEST_CASE("Ollama errors: {\"error\"} with 404 and 400", "[server][ollama]") {
   REQUIRE_STORIES_MODEL();
   DaemonProcess d;
@@ -174,7 +210,8 @@ TEST_CASE("Ollama errors: {\"error\"} with 404 and 400", "[server][ollama]") {
     b[key] = std::move(value);
     return b;
   };
-  CHECK(error("/api/generate", with("format", "json"), 400).find("format") != std::string::npos);
+  CHECK(error("/api/generate", with("format", 7), 400).find("format") != std::string::npos);
+  CHECK(error("/api/generate", with("format", "yaml"), 400).find("format") != std::string::npos);
   CHECK(error("/api/generate", with("images", {"aGVsbG8="}), 400).find("images") !=
         std::string::npos);
   CHECK(error("/api/generate", with("options", {{"num_ctx", 100000}}), 400).find("num_ctx") !=
