@@ -123,8 +123,18 @@ test('chat, not streamed and streamed, give the same answer', async () => {
 test('errors reach the client as Ollama errors', async () => {
   await assert.rejects(ollama.chat({ model: 'llama3', messages: [{ role: 'user', content: 'hi' }], stream: false }),
                        (e) => e.status_code === 404 && /llama3/.test(e.error));
-  await assert.rejects(ollama.generate({ model: MODEL, prompt: 'hi', format: 'json', stream: false }),
+  await assert.rejects(ollama.generate({ model: MODEL, prompt: 'hi', format: 'yaml', stream: false }),
                        (e) => e.status_code === 400 && /format/.test(e.error));
+});
+
+test('chat with a JSON schema format: the content parses and has the required key', async () => {
+  const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 12 } }, required: ['name'] };
+  const r = await ollama.chat({ model: MODEL, messages: [{ role: 'user', content: 'Who is Lily?' }],
+                                format: schema, stream: false, options: { temperature: 0, num_predict: 80 } });
+  assert.equal(r.done_reason, 'stop');
+  const person = JSON.parse(r.message.content);
+  assert.equal(typeof person.name, 'string');
+  assert.ok(person.name.length <= 12);
 });
 
 test('embed: unit vectors, identical in, identical out, different in, different out', async () => {
