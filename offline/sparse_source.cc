@@ -72,7 +72,6 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
   return result;
 }
 
-
 absl::StatusOr<SparsePlan> LoadSparsePlan(const std::string& path, const LlamaModel& model,
                                           double target_sparsity) {
   absl::StatusOr<Sidecar> sidecar = LoadSidecarFor(path, model);
@@ -154,8 +153,8 @@ absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
         return absl::Status(plan.status().code(),
                             absl::StrCat("sidecar ", beside, ": ", plan.status().message()));
       }
-      out.warning = absl::StrCat("ignoring ", beside, " (", plan.status().message(),
-                                 "); serving dense");
+      out.warning =
+          absl::StrCat("ignoring ", beside, " (", plan.status().message(), "); serving dense");
       return out;
     }
   }

@@ -333,8 +333,7 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     uint64_t gpu_memory = 0;
     int64_t gpu_layers = 0;
     if (absl::Status s = ApplyGpuConfig(defaults, &gpu_memory, &gpu_layers); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("[registry] ", s.message()));
+      return absl::InvalidArgumentError(absl::StrCat("[registry] ", s.message()));
     }
   }
   if (c->threads_per_slot == 0) {

@@ -179,7 +179,7 @@ absl::Status RunDaemon(const ServerConfig& config) {
   signal_thread.join();
   loader.join();
   if (manager != nullptr) manager->Stop();  // running jobs stay resumable
-  registry.StopIdleUnloader();  // its unload listener calls the scheduler
+  registry.StopIdleUnloader();              // its unload listener calls the scheduler
   scheduler.Shutdown();
   spdlog::info("stopped");
   std::lock_guard<std::mutex> lock(failure_mu);

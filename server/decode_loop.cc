@@ -260,9 +260,8 @@ StopReason DecodeLoop::Generate(Job& job, GenerationStats* stats, absl::Status* 
   if (r.grammar != nullptr) options.grammar = &grammar.emplace(r.grammar, r.vocab_trie);
   TokenSink sink(job, stats, metrics_, options_.decode_delay_ms, &stop_, &pending_logprobs_);
   absl::StatusOr<GenerationResult> result =
-      thermocline::Generate(session, r.prompt, options, [&](const GeneratedToken& t) {
-        return sink.OnToken(t, n_vocab);
-      });
+      thermocline::Generate(session, r.prompt, options,
+                            [&](const GeneratedToken& t) { return sink.OnToken(t, n_vocab); });
   // What the KV cache holds now: the first n_past tokens of prompt + output.
   std::vector<int32_t> tokens;
   if (result.ok()) {

@@ -104,8 +104,8 @@ pb::GenerateResponse::StopReason StopReasonOf(StopReason reason, CancelReason ca
 
 }  // namespace
 
-void GenerateStream::OnFinish(StopReason reason, CancelReason cancel,
-                              const GenerationStats& stats, const absl::Status& error) {
+void GenerateStream::OnFinish(StopReason reason, CancelReason cancel, const GenerationStats& stats,
+                              const absl::Status& error) {
   const pb::GenerateResponse::StopReason stop = StopReasonOf(reason, cancel, stats);
   grpc::Status status = grpc::Status::OK;
   // The client cancelled or its deadline passed: it reads nothing more.

@@ -62,9 +62,9 @@ RouteAccess AccessOf(std::string_view method, std::string_view path) {
 bool TakesBody(std::string_view method, std::string_view path) {
   if (method == "POST") {
     static const char* const kPost[] = {
-        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize",
-        "/admin/models", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
-        "/api/show"};
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize",
+        "/detokenize",          "/admin/models",   "/api/chat",      "/api/generate",
+        "/api/embed",           "/api/embeddings", "/api/show"};
     for (const char* p : kPost) {
       if (path == p) return true;
     }

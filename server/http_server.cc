@@ -30,9 +30,9 @@ const char* EndpointLabel(const std::string& method, const std::string& path) {
     if (path == k) return k;
   }
   if (method == "GET" && absl::StartsWith(path, "/v1/models/")) return "/v1/models/{id}";
-  static const char* const kMore[] = {"/v1/embeddings", "/api/chat", "/api/generate",
+  static const char* const kMore[] = {"/v1/embeddings", "/api/chat",       "/api/generate",
                                       "/api/embed",     "/api/embeddings", "/api/tags",
-                                      "/api/show",      "/api/ps",   "/api/version"};
+                                      "/api/show",      "/api/ps",         "/api/version"};
   for (const char* k : kMore) {
     if (path == k) return k;
   }

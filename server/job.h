@@ -29,11 +29,11 @@ struct GenerationStats {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // of the prompt tokens, found in the slot's KV cache
   int64_t completion_tokens = 0;
-  double queue_seconds = 0;    // waiting for a slot
-  double ttft_seconds = -1;    // arrival to first token; -1 when none
-  double total_seconds = 0;    // arrival to finish
-  double prompt_seconds = 0;   // prefill (the engine's measure)
-  double decode_seconds = 0;   // evaluating generated tokens
+  double queue_seconds = 0;   // waiting for a slot
+  double ttft_seconds = -1;   // arrival to first token; -1 when none
+  double total_seconds = 0;   // arrival to finish
+  double prompt_seconds = 0;  // prefill (the engine's measure)
+  double decode_seconds = 0;  // evaluating generated tokens
 };
 
 // One generated token's log-probability and its most likely alternatives.

@@ -47,7 +47,7 @@ struct ModelInfo {
   nlohmann::json report;     // profile summary {"sparsity","recall","layers"} or null
   nlohmann::json runs_on;    // where its parts run (server/engine_report.h RunsOnJson) or null
   std::string gpu_memory, gpu_layers;  // the registration's GPU options ("" = the daemon's)
-  int64_t version = 0;       // increases on every change (for watchers)
+  int64_t version = 0;                 // increases on every change (for watchers)
 };
 
 // The HTTP/CLI JSON shape of one model: an object with every field of ModelInfo under the same

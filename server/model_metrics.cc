@@ -42,8 +42,8 @@ std::string RenderModelMetrics(const ModelRegistry& registry) {
          "gauge");
   Header(&gpu, "thermocline_model_gpu_neurons",
          "FFN neurons the model computes on the GPU (0 when no device runs it).", "gauge");
-  Header(&cpu, "thermocline_model_cpu_neurons",
-         "FFN neurons the model computes on the CPU.", "gauge");
+  Header(&cpu, "thermocline_model_cpu_neurons", "FFN neurons the model computes on the CPU.",
+         "gauge");
   for (const ServedModel* m : models) {
     const std::shared_ptr<const LoadedModel> l = m->loaded();
     const std::shared_ptr<const Engine> engine = l ? l->engine() : nullptr;
@@ -51,8 +51,7 @@ std::string RenderModelMetrics(const ModelRegistry& registry) {
     const std::string label = absl::StrCat("{model=\"", m->config.name, "\"}");
     absl::StrAppend(&loaded, "thermocline_model_loaded", label, " ", m->loaded() != nullptr ? 1 : 0,
                     "\n");
-    absl::StrAppend(&sparse, "thermocline_model_sparse", label, " ", plan != nullptr ? 1 : 0,
-                    "\n");
+    absl::StrAppend(&sparse, "thermocline_model_sparse", label, " ", plan != nullptr ? 1 : 0, "\n");
     if (plan != nullptr) {
       // Where the neurons run now: the solved placement as this machine realised it.
       const EnginePlacement p = engine->placement();

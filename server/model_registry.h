@@ -67,8 +67,8 @@ struct LoadedModel {
   std::vector<int32_t> end_of_turn_tokens;  // the template's end-of-turn control token
   int64_t n_ctx = 0;                        // context of each slot's session
   uint64_t header_hash = 0;  // FNV-1a of the file's GGUF header region (its first MiB at most)
-  int64_t created = 0;                      // unix seconds when it became ready
-  int64_t bytes = 0;  // charged against the budget: the GGUF file's size (it is mapped)
+  int64_t created = 0;       // unix seconds when it became ready
+  int64_t bytes = 0;         // charged against the budget: the GGUF file's size (it is mapped)
   // What the budget counts: bytes plus the engine's sparse FFN copies.
   int64_t charged_bytes() const { return bytes + engine_bytes_.load(std::memory_order_relaxed); }
 

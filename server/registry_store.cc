@@ -287,8 +287,9 @@ absl::Status RegistryStore::Write(const ModelRecord& r, bool insert) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement s;
   const std::string sql =
-      insert ? absl::StrCat("INSERT INTO models (", kColumns,
-                            ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18);")
+      insert ? absl::StrCat(
+                   "INSERT INTO models (", kColumns,
+                   ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18);")
              : std::string(
                    "UPDATE models SET path=?2, file_size=?3, file_mtime=?4, file_hash=?5, "
                    "activation=?6, corpus=?7, profile_tokens=?8, state=?9, stage=?10, "

@@ -79,7 +79,8 @@ absl::StatusOr<int64_t> Args::GetBytes(const std::string& flag, int64_t fallback
   auto v = Get(flag);
   if (!v) return fallback;
   absl::StatusOr<int64_t> bytes = ParseByteSize(*v);
-  if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", bytes.status().message()));
+  if (!bytes.ok())
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", bytes.status().message()));
   return bytes;
 }
 

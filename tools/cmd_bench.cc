@@ -167,19 +167,19 @@ int RunBench(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--ops") == 0) return RunBenchOps(argc, argv);
   }
-  auto args =
-      Args::Parse(argc, argv,
-                  {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions",
-                   "--activation", "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile",
-                   "--output", "--gpu-memory", "--gpu-layers", "--hardware-profile",
-                   "--json-schema", "--prompt"},
-                  {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in"},
-                  {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
+  auto args = Args::Parse(
+      argc, argv,
+      {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions", "--activation",
+       "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile", "--output", "--gpu-memory",
+       "--gpu-layers", "--hardware-profile", "--json-schema", "--prompt"},
+      {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in"},
+      {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
   if (args->Has("--help")) {
     std::puts(
         "usage: thermocline bench -m MODEL [--prompt-tokens 64] [--gen-tokens 64] "
-        "[--threads N] [--repetitions 5] [--json]");
+        "[--threads N] [--repetitions 5] [--json]\n"
+        "  --activation A           override the FFN activation: silu | relu | drelu");
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     std::puts(
@@ -197,7 +197,11 @@ int RunBench(int argc, char** argv) {
         "[--threads N]\n  measures this machine's CPU read bandwidth and writes the "
         "hardware profile `solve --hardware` reads\n"
         "       thermocline bench -m MODEL --json-schema FILE [--prompt TEXT] [--gen-tokens N]\n"
-        "  greedy decode tokens/s with and without the JSON schema's grammar constraint");
+        "  greedy decode tokens/s with and without the JSON schema's grammar constraint\n"
+        "       thermocline bench --ops [--embd 2048] [--ff 5632] [--types f32,...] [--threads N]\n"
+        "                               [--pattern random|mixed|both] [--json]\n"
+        "  the sparse FFN operators against dense at 1-100% active (bench --ops --help: all of\n"
+        "  its flags)");
     return 0;
   }
   if (args->Has("--hardware")) return BenchHardware(*args);

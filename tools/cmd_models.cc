@@ -98,7 +98,8 @@ int Wait(DaemonClient* client, const std::string& name) {
         const json m = json::parse(data, nullptr, /*allow_exceptions=*/false);
         if (m.is_discarded() || !m.is_object()) return true;
         const std::string state = Str(m, "state");
-        if (const auto parsed = server::ParseModelState(state); parsed && server::IsSettled(*parsed)) {
+        if (const auto parsed = server::ParseModelState(state);
+            parsed && server::IsSettled(*parsed)) {
           final_state = state;
           final_model = m;
           return false;

@@ -69,12 +69,13 @@ int RunPerplexity(int argc, char** argv) {
     return s.layer_tokens > 0 ? s.*field / s.layer_tokens / n_ff : 1.0;
   };
   const bool json = args->Has("--json");
-  auto result = ComputePerplexity((*session)->session(), text.str(), *ctx, [&](int64_t c, double ppl) {
-    if (!json) {
-      std::printf("[%lld]%.4f,", static_cast<long long>(c + 1), ppl);
-      std::fflush(stdout);
-    }
-  });
+  auto result =
+      ComputePerplexity((*session)->session(), text.str(), *ctx, [&](int64_t c, double ppl) {
+        if (!json) {
+          std::printf("[%lld]%.4f,", static_cast<long long>(c + 1), ppl);
+          std::fflush(stdout);
+        }
+      });
   if (!result.ok()) return Fail("perplexity", result.status());
   if (json) {
     nlohmann::json out = {{"ppl", result->ppl},         {"chunks", result->chunk_ppl},

@@ -75,12 +75,12 @@ absl::Status WriteSynthSidecar(const SynthOptions& o, const std::string& model_p
 }  // namespace
 
 int RunSynth(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv,
-                          {"--layers", "--embd", "--ff", "--heads", "--kv-heads", "--vocab",
-                           "--ctx", "--type", "--activation", "--seed", "--output", "--threads",
-                           "--sparsity", "--hot-fraction", "--sidecar", "--experts",
-                           "--experts-used"},
-                          {"--help"}, {{"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
+  auto args =
+      Args::Parse(argc, argv,
+                  {"--layers", "--embd", "--ff", "--heads", "--kv-heads", "--vocab", "--ctx",
+                   "--type", "--activation", "--seed", "--output", "--threads", "--sparsity",
+                   "--hot-fraction", "--sidecar", "--experts", "--experts-used"},
+                  {"--help"}, {{"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("synth", args.status(), true);
   if (args->Has("--help") || !args->Get("--output")) {
     std::fputs(

@@ -167,8 +167,8 @@ __global__ void ThresholdCompactKernel(const float* logits, const float* b2, con
 // neuron ids; both lists ascending, each thread's stretch of k written at its scanned offsets.
 // logits null: every neuron is active (a layer without a predictor).
 __global__ void SplitCompactKernel(const float* logits, const float* b2, const int32_t* compact_of,
-                                   int64_t n, float threshold, int32_t* dev_idx,
-                                   int32_t* dev_count, int32_t* host_idx, int32_t* host_count) {
+                                   int64_t n, float threshold, int32_t* dev_idx, int32_t* dev_count,
+                                   int32_t* host_idx, int32_t* host_count) {
   __shared__ int dev_off[kCompactThreads];
   __shared__ int host_off[kCompactThreads];
   const int64_t chunk = (n + kCompactThreads - 1) / kCompactThreads;

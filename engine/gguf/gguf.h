@@ -132,7 +132,8 @@ class GgufFile {
   const GgufFileStamp& stamp() const { return stamp_; }
   // The bytes before the tensor data: magic, metadata and tensor table.
   std::string_view header_bytes() const {
-    return {reinterpret_cast<const char*>(base_), static_cast<size_t>(std::min(data_offset_, size_))};
+    return {reinterpret_cast<const char*>(base_),
+            static_cast<size_t>(std::min(data_offset_, size_))};
   }
   // True once a read of the mapping faulted (the file shrank or its disk failed under it; see
   // mapping_guard.h): its data can no longer be trusted. Lock-free: cheap enough per token.

@@ -59,10 +59,10 @@ struct GpuFfnSpec {
 // The host's half of a resident-mode layer, in host memory: valid until the next
 // EnqueueResident.
 struct HostPart {
-  const float* xn = nullptr;         // (n_embd) the FFN input after ffn_norm
-  const int32_t* active = nullptr;   // the host's neurons predicted active, ascending
+  const float* xn = nullptr;        // (n_embd) the FFN input after ffn_norm
+  const int32_t* active = nullptr;  // the host's neurons predicted active, ascending
   int64_t n_active = 0;
-  float* partial = nullptr;          // (n_embd) where the host writes its partial sum
+  float* partial = nullptr;  // (n_embd) where the host writes its partial sum
 };
 
 class GpuFfnExecutor {

@@ -126,10 +126,8 @@ absl::Status ReadRopeScaling(const KeyReader& k, const ArchitectureSpec& a, Llam
     h.rope_orig_ctx = 8192;
     TC_RETURN_IF_ERROR(
         k.Optional("rope.scaling.original_context_length", &h.rope_orig_ctx, 1, kMaxCtx));
-    TC_RETURN_IF_ERROR(
-        k.Positive("rope.scaling.low_freq_factor", &h.llama3_low_freq_factor));
-    TC_RETURN_IF_ERROR(
-        k.Positive("rope.scaling.high_freq_factor", &h.llama3_high_freq_factor));
+    TC_RETURN_IF_ERROR(k.Positive("rope.scaling.low_freq_factor", &h.llama3_low_freq_factor));
+    TC_RETURN_IF_ERROR(k.Positive("rope.scaling.high_freq_factor", &h.llama3_high_freq_factor));
     if (!(h.llama3_high_freq_factor > h.llama3_low_freq_factor)) {
       return absl::InvalidArgumentError(
           absl::StrCat(k.Key("rope.scaling.high_freq_factor"), " must exceed low_freq_factor"));
@@ -155,8 +153,7 @@ absl::Status ReadExperts(const KeyReader& k, const ArchitectureSpec& a, LlamaHpa
   TC_RETURN_IF_ERROR(k.Required("expert_used_count", &h.n_expert_used, 1, h.n_expert));
   h.n_ff_exp = h.n_ff;
   if (a.expert_ff_key) {
-    TC_RETURN_IF_ERROR(
-        k.Optional("expert_feed_forward_length", &h.n_ff_exp, 1, 8 * kMaxDim));
+    TC_RETURN_IF_ERROR(k.Optional("expert_feed_forward_length", &h.n_ff_exp, 1, 8 * kMaxDim));
   }
   if (a.shared_expert) {
     h.n_ff_shexp = h.n_ff_exp;
@@ -197,9 +194,9 @@ absl::StatusOr<LlamaHparams> LlamaHparams::FromGguf(
   h.n_head_kv = h.n_head;
   TC_RETURN_IF_ERROR(k.Optional("attention.head_count_kv", &h.n_head_kv, 1, h.n_head));
   if (h.n_head % h.n_head_kv != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        k.Key("attention.head_count"), " (", h.n_head, ") is not a multiple of head_count_kv (",
-        h.n_head_kv, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(k.Key("attention.head_count"), " (", h.n_head,
+                                                   ") is not a multiple of head_count_kv (",
+                                                   h.n_head_kv, ")"));
   }
   if (!k.Has("attention.key_length") && h.n_embd % h.n_head != 0) {
     return absl::InvalidArgumentError(
@@ -213,9 +210,9 @@ absl::StatusOr<LlamaHparams> LlamaHparams::FromGguf(
   h.rope_dim = h.head_dim;
   TC_RETURN_IF_ERROR(k.Optional("rope.dimension_count", &h.rope_dim, 0, h.head_dim));
   if (h.rope_dim <= 0 || h.rope_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(k.Key("rope.dimension_count"), " = ",
-                                                   h.rope_dim, " must be even and at most the ",
-                                                   "head size ", h.head_dim));
+    return absl::InvalidArgumentError(absl::StrCat(k.Key("rope.dimension_count"), " = ", h.rope_dim,
+                                                   " must be even and at most the ", "head size ",
+                                                   h.head_dim));
   }
   auto eps = file.GetFloat(k.Key("attention.layer_norm_rms_epsilon"), 1e-5);
   if (!eps.ok()) return eps.status();
@@ -232,8 +229,8 @@ absl::StatusOr<LlamaHparams> LlamaHparams::FromGguf(
   // Attention details of the family.
   const bool embd_per_head =
       a.embd_per_head_scale_layers > 0 && h.n_layer == a.embd_per_head_scale_layers;
-  h.attn_scale = 1.0f / std::sqrt(static_cast<float>(embd_per_head ? h.n_embd / h.n_head
-                                                                    : h.head_dim));
+  h.attn_scale =
+      1.0f / std::sqrt(static_cast<float>(embd_per_head ? h.n_embd / h.n_head : h.head_dim));
   if (a.embed_scale_sqrt) h.embd_scale = std::sqrt(static_cast<float>(h.n_embd));
   if (a.attn_softcap > 0) {
     h.attn_softcap = a.attn_softcap;
@@ -272,9 +269,8 @@ absl::StatusOr<LlamaHparams> LlamaHparams::FromGguf(
   int64_t vocab_key = h.n_vocab;
   TC_RETURN_IF_ERROR(k.Optional("vocab_size", &vocab_key, 0, kMaxVocab));
   if (vocab_key != h.n_vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(k.Key("vocab_size"), " = ", vocab_key,
-                                                   " but token_embd.weight has ", h.n_vocab,
-                                                   " rows"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        k.Key("vocab_size"), " = ", vocab_key, " but token_embd.weight has ", h.n_vocab, " rows"));
   }
   return h;
 }

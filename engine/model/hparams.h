@@ -35,13 +35,13 @@ struct LlamaHparams {
   // Beyond the llama computation (the defaults are llama's). head_dim above is the key length.
   const ArchitectureSpec* arch = nullptr;  // set by FromGguf
   RopeKind rope_kind = RopeKind::kAdjacent;
-  int64_t head_dim_v = 0;      // {arch}.attention.value_length (default head_dim)
-  float attn_scale = 0;        // scores = attn_scale · q·k; 1/sqrt(head_dim) unless the family says
-  float embd_scale = 1.0f;     // token embeddings are multiplied by it (Gemma: sqrt(n_embd))
-  float attn_softcap = 0;      // > 0: scores become c·tanh(s / c) before the softmax
-  float final_softcap = 0;     // > 0: logits become c·tanh(l / c)
-  int64_t n_swa = 0;           // sliding window in positions; 0: every layer attends to all
-  int swa_period = 0;          // which layers slide (ArchitectureSpec::swa_period)
+  int64_t head_dim_v = 0;   // {arch}.attention.value_length (default head_dim)
+  float attn_scale = 0;     // scores = attn_scale · q·k; 1/sqrt(head_dim) unless the family says
+  float embd_scale = 1.0f;  // token embeddings are multiplied by it (Gemma: sqrt(n_embd))
+  float attn_softcap = 0;   // > 0: scores become c·tanh(s / c) before the softmax
+  float final_softcap = 0;  // > 0: logits become c·tanh(l / c)
+  int64_t n_swa = 0;        // sliding window in positions; 0: every layer attends to all
+  int swa_period = 0;       // which layers slide (ArchitectureSpec::swa_period)
   float rope_freq_base_swa = 0;  // RoPE base of sliding layers (unscaled); 0: as the others
   RopeScaling rope_scaling = RopeScaling::kLinear;
   float rope_scaling_factor = 1.0f;  // {arch}.rope.scaling.factor (context multiple)

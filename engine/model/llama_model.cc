@@ -67,12 +67,12 @@ absl::StatusOr<WeightView> Rows(Tensors& ts, const std::string& name, int64_t ro
   const GgufTensorInfo* t = ts.Find(name);
   if (t == nullptr) return Missing(name);
   const bool ok = experts == 0 ? t->dims.size() == 2 && t->dims[0] == cols && t->dims[1] == rows
-                               : t->dims.size() == 3 && t->dims[0] == cols &&
-                                     t->dims[1] == rows && t->dims[2] == experts;
+                               : t->dims.size() == 3 && t->dims[0] == cols && t->dims[1] == rows &&
+                                     t->dims[2] == experts;
   if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor ", name, " has shape ", ShapeString(t->dims), ", expected {", cols, ", ", rows,
-        experts == 0 ? "" : absl::StrCat(", ", experts), "}"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", name, " has shape ", ShapeString(t->dims), ", expected {", cols,
+                     ", ", rows, experts == 0 ? "" : absl::StrCat(", ", experts), "}"));
   }
   TC_RETURN_IF_ERROR(CheckComputable(*t));
   WeightView w;
@@ -149,9 +149,8 @@ uint64_t Bytes(const WeightView& w) { return static_cast<uint64_t>(w.rows) * w.r
 // Q, K and V: attn_q/k/v, or row ranges of a fused attn_qkv, and their biases.
 absl::Status BindAttention(Tensors& ts, const ArchitectureSpec& a, const std::string& b,
                            const LlamaHparams& h, LayerWeights& L) {
-  const bool fused =
-      a.fused_qkv == Presence::kRequired ||
-      (a.fused_qkv == Presence::kOptional && ts.Has(b + "attn_qkv.weight"));
+  const bool fused = a.fused_qkv == Presence::kRequired ||
+                     (a.fused_qkv == Presence::kOptional && ts.Has(b + "attn_qkv.weight"));
   if (fused) {
     auto qkv = Rows(ts, b + "attn_qkv.weight", h.q_dim() + h.kv_dim() + h.v_dim(), h.n_embd);
     if (!qkv.ok()) return qkv.status();
@@ -175,10 +174,10 @@ absl::Status BindAttention(Tensors& ts, const ArchitectureSpec& a, const std::st
   if (!wo.ok()) return wo.status();
   L.wo = *wo;
   TC_RETURN_IF_ERROR(OptionalVector(ts, a.output_bias, b + "attn_output.bias", h.n_embd, &L.bo));
-  TC_RETURN_IF_ERROR(OptionalVector(ts, a.qk_norm, b + "attn_q_norm.weight", h.head_dim,
-                                    &L.q_norm));
-  TC_RETURN_IF_ERROR(OptionalVector(ts, a.qk_norm, b + "attn_k_norm.weight", h.head_dim,
-                                    &L.k_norm));
+  TC_RETURN_IF_ERROR(
+      OptionalVector(ts, a.qk_norm, b + "attn_q_norm.weight", h.head_dim, &L.q_norm));
+  TC_RETURN_IF_ERROR(
+      OptionalVector(ts, a.qk_norm, b + "attn_k_norm.weight", h.head_dim, &L.k_norm));
   return absl::OkStatus();
 }
 
@@ -226,8 +225,8 @@ absl::Status BindDenseFfn(Tensors& ts, const ArchitectureSpec& a, const std::str
     L.ffn_gate = Slice(*up, 0, h.n_ff);
     L.ffn_up = Slice(*up, h.n_ff, h.n_ff);
   } else {
-    for (const auto& [dst, name] : {std::pair{&L.ffn_gate, "ffn_gate.weight"},
-                                    std::pair{&L.ffn_up, "ffn_up.weight"}}) {
+    for (const auto& [dst, name] :
+         {std::pair{&L.ffn_gate, "ffn_gate.weight"}, std::pair{&L.ffn_up, "ffn_up.weight"}}) {
       auto m = Rows(ts, b + name, h.n_ff, h.n_embd);
       if (!m.ok()) return m.status();
       *dst = *m;
@@ -370,8 +369,8 @@ absl::Status LlamaModel::Bind(const GgufFile& f, bool check_only) {
       TC_RETURN_IF_ERROR(BindExperts(ts, a, b, h, L));
       // A decode step reads the router, n_expert_used experts and the shared expert.
       weight_bytes_ += Bytes(L.ffn_gate_inp);
-      weight_bytes_ += h.n_expert_used * (Bytes(L.expert_gate[0]) + Bytes(L.expert_up[0]) +
-                                          Bytes(L.expert_down[0]));
+      weight_bytes_ += h.n_expert_used *
+                       (Bytes(L.expert_gate[0]) + Bytes(L.expert_up[0]) + Bytes(L.expert_down[0]));
       for (const WeightView* w : {&L.shexp_gate, &L.shexp_up, &L.shexp_down}) {
         weight_bytes_ += Bytes(*w);
       }
@@ -402,8 +401,8 @@ absl::Status LlamaModel::Bind(const GgufFile& f, bool check_only) {
   if (!unused.empty()) {
     const size_t shown = std::min<size_t>(unused.size(), 4);
     return absl::InvalidArgumentError(absl::StrCat(
-        unused.size(), " tensor(s) that a '", a.name, "' model does not have: ",
-        absl::StrJoin(unused.begin(), unused.begin() + shown, ", "),
+        unused.size(), " tensor(s) that a '", a.name,
+        "' model does not have: ", absl::StrJoin(unused.begin(), unused.begin() + shown, ", "),
         unused.size() > shown ? ", ..." : "",
         "; the file is a variant of the architecture that Thermocline does not support"));
   }

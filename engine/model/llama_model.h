@@ -48,10 +48,10 @@ struct LayerWeights {
   // What families beyond llama add (empty / data == nullptr when the layer has none). Fused
   // tensors (phi3's attn_qkv, and ffn_up holding gate then up) are bound as the views above,
   // each a range of the fused tensor's rows.
-  std::vector<float> bq, bk, bv;    // (q_dim), (kv_dim), (v_dim): added to Q, K, V
-  std::vector<float> bo;            // (n_embd): added to the attention output projection
-  std::vector<float> q_norm;        // (head_dim): RMSNorm weight of each head of Q, before RoPE
-  std::vector<float> k_norm;        // (head_dim): the same for K
+  std::vector<float> bq, bk, bv;      // (q_dim), (kv_dim), (v_dim): added to Q, K, V
+  std::vector<float> bo;              // (n_embd): added to the attention output projection
+  std::vector<float> q_norm;          // (head_dim): RMSNorm weight of each head of Q, before RoPE
+  std::vector<float> k_norm;          // (head_dim): the same for K
   std::vector<float> post_attn_norm;  // (n_embd): RMSNorm of attn_output's result (Gemma)
   std::vector<float> post_ffn_norm;   // (n_embd): RMSNorm of the FFN's result (Gemma)
   // Mixture of experts: the router and each expert's matrices, views into the 3-D tensors
@@ -62,10 +62,10 @@ struct LayerWeights {
   std::vector<WeightView> expert_up;    // n_expert of (n_ff_exp, n_embd)
   std::vector<WeightView> expert_down;  // n_expert of (n_embd, n_ff_exp)
   // The shared expert (qwen2moe), always run, scaled by sigmoid(shexp_gate_inp · xn).
-  WeightView shexp_gate;               // (n_ff_shexp, n_embd)
-  WeightView shexp_up;                 // (n_ff_shexp, n_embd)
-  WeightView shexp_down;               // (n_embd, n_ff_shexp)
-  std::vector<float> shexp_gate_inp;   // (n_embd)
+  WeightView shexp_gate;              // (n_ff_shexp, n_embd)
+  WeightView shexp_up;                // (n_ff_shexp, n_embd)
+  WeightView shexp_down;              // (n_embd, n_ff_shexp)
+  std::vector<float> shexp_gate_inp;  // (n_embd)
 
   bool is_moe() const { return ffn_gate_inp.data != nullptr; }
 };
@@ -125,9 +125,9 @@ class LlamaModel {
   float sparse_threshold_ = 0;
   // ffn_down rebuilt from ffn_down_t when a PowerInfer file has only the latter.
   std::vector<HugeBytes> owned_;
-  std::vector<float> rope_freqs_;       // rope_freqs.weight (rope_dim / 2) or empty
-  std::vector<float> rope_long_;        // LongRoPE's factors for long contexts
-  std::vector<float> rope_short_;       // ... and for contexts up to rope_orig_ctx
+  std::vector<float> rope_freqs_;  // rope_freqs.weight (rope_dim / 2) or empty
+  std::vector<float> rope_long_;   // LongRoPE's factors for long contexts
+  std::vector<float> rope_short_;  // ... and for contexts up to rope_orig_ctx
   std::vector<std::string> warnings_;
 };
 

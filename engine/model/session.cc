@@ -101,8 +101,7 @@ absl::Status Session::EvalChunks(absl::Span<const int32_t> tokens, float* all_lo
   return absl::OkStatus();
 }
 
-absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logits,
-                              float* hidden) {
+absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logits, float* hidden) {
   const LlamaHparams& h = model_.hparams();
   const int64_t d = h.n_embd;
   for (int64_t t = 0; t < n; ++t) {

@@ -104,10 +104,10 @@ class Session {
   std::vector<float, HugePageAllocator<float>> k_cache_;
   std::vector<float, HugePageAllocator<float>> v_cache_;
   RopeTable rope_table_;
-  RopeTable rope_table_swa_;      // sliding layers' own RoPE (Gemma 3), when has_swa_rope_
+  RopeTable rope_table_swa_;  // sliding layers' own RoPE (Gemma 3), when has_swa_rope_
   bool has_swa_rope_ = false;
-  std::vector<float> rope_;       // (max_batch, rope_dim): cos, sin pairs per token
-  std::vector<float> rope_swa_;   // (max_batch, rope_dim) of rope_table_swa_, or empty
+  std::vector<float> rope_;      // (max_batch, rope_dim): cos, sin pairs per token
+  std::vector<float> rope_swa_;  // (max_batch, rope_dim) of rope_table_swa_, or empty
   std::vector<float> x_;         // (max_batch, n_embd) residual stream
   std::vector<float> xb_;        // (max_batch, n_embd)
   std::vector<float> q_;         // (max_batch, q_dim)
@@ -119,14 +119,14 @@ class Session {
   std::vector<float> gate_;      // (max_batch, widest FFN: n_ff, n_ff_exp, n_ff_shexp)
   std::vector<float> up_;        // (max_batch, widest FFN)
   // Mixture of experts (empty otherwise).
-  std::vector<float> router_;    // (max_batch, n_expert): router probabilities
-  std::vector<int32_t> sel_;     // (max_batch, n_expert_used): each token's experts
-  std::vector<float> sel_w_;     // (max_batch, n_expert_used): their weights
-  std::vector<int32_t> tok_;     // (max_batch): the tokens routed to one expert
-  std::vector<float> tok_w_;     // (max_batch): their weights for it
-  std::vector<float> xg_;        // (max_batch, n_embd): those tokens' inputs, gathered
-  std::vector<float> eo_;        // (max_batch, n_embd): an expert's outputs
-  std::vector<float> logits_;    // (n_vocab)
+  std::vector<float> router_;  // (max_batch, n_expert): router probabilities
+  std::vector<int32_t> sel_;   // (max_batch, n_expert_used): each token's experts
+  std::vector<float> sel_w_;   // (max_batch, n_expert_used): their weights
+  std::vector<int32_t> tok_;   // (max_batch): the tokens routed to one expert
+  std::vector<float> tok_w_;   // (max_batch): their weights for it
+  std::vector<float> xg_;      // (max_batch, n_embd): those tokens' inputs, gathered
+  std::vector<float> eo_;      // (max_batch, n_embd): an expert's outputs
+  std::vector<float> logits_;  // (n_vocab)
   MatMulScratch scratch_;
 };
 

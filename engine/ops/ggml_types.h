@@ -169,6 +169,6 @@ static_assert(sizeof(BlockQ8_K) == 292);
 
 // The 16 values of IQ4_NL and IQ4_XS quants (ggml's kvalues_iq4nl).
 inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                           1,    13,   25,  38,  53,  69,  89,  113};
+                                            1,    13,   25,  38,  53,  69,  89,  113};
 
 }  // namespace thermocline

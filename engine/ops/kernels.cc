@@ -71,11 +71,11 @@ const std::vector<Isa>& AvailableIsas() {
 
 Isa BestIsa() { return AvailableIsas().back(); }
 
-void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
-                const float* k, int64_t k_stride, const float* v, int64_t v_stride, float scale,
-                float softcap, float* scores, float* out) {
-  ops_internal::TableOf(isa).attend(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale,
-                                    softcap, scores, out);
+void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
+                int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
+                float* scores, float* out) {
+  ops_internal::TableOf(isa).attend(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap,
+                                    scores, out);
 }
 
 void AttendHead(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
@@ -88,8 +88,7 @@ void AttendHead(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, cons
 void AttendHead(Isa isa, int64_t n_kv, int64_t head_dim, const float* q, const float* k,
                 int64_t k_stride, const float* v, int64_t v_stride, float scale, float* scores,
                 float* out) {
-  AttendHead(isa, n_kv, head_dim, head_dim, q, k, k_stride, v, v_stride, scale, 0.0f, scores,
-             out);
+  AttendHead(isa, n_kv, head_dim, head_dim, q, k, k_stride, v, v_stride, scale, 0.0f, scores, out);
 }
 
 void AttendHead(int64_t n_kv, int64_t head_dim, const float* q, const float* k, int64_t k_stride,

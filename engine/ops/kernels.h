@@ -64,9 +64,9 @@ void AttendHead(Isa isa, int64_t n_kv, int64_t head_dim, const float* q, const f
 void AttendHead(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
                 int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
                 float* scores, float* out);
-void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
-                const float* k, int64_t k_stride, const float* v, int64_t v_stride, float scale,
-                float softcap, float* scores, float* out);
+void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
+                int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
+                float* scores, float* out);
 
 // Half and bfloat16 conversion, scalar.
 float HalfToFloat(uint16_t h);

@@ -48,8 +48,9 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Create(const LlamaModel& m
     }
     if (!plan->attention_gpu.empty() &&
         static_cast<int64_t>(plan->attention_gpu.size()) != h.n_layer) {
-      return absl::InvalidArgumentError("the sparse plan's attention placement has the wrong "
-                                        "number of layers");
+      return absl::InvalidArgumentError(
+          "the sparse plan's attention placement has the wrong "
+          "number of layers");
     }
     if (plan->source == SparsePlan::Source::kOracle) plan->oracle = true;
     layers = std::move(plan->layers);
@@ -108,10 +109,10 @@ absl::Status Engine::PlanDevice() {
   if (options_.gpu_memory > 0) {
     cap = std::min(options_.gpu_memory, free);
     if (cap < options_.gpu_memory) {
-      placement_.note = absl::StrCat("--gpu-memory ", MiB(options_.gpu_memory), " is more than ",
-                                     info->name, " has free (", MiB(info->free_bytes),
-                                     ", less ", MiB(kDeviceReserveBytes),
-                                     " for the CUDA context and cuBLAS): capped at ", MiB(cap));
+      placement_.note =
+          absl::StrCat("--gpu-memory ", MiB(options_.gpu_memory), " is more than ", info->name,
+                       " has free (", MiB(info->free_bytes), ", less ", MiB(kDeviceReserveBytes),
+                       " for the CUDA context and cuBLAS): capped at ", MiB(cap));
     }
   }
   budget_ = std::make_unique<gpu::MemoryBudget>(cap);
@@ -325,8 +326,7 @@ absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
     spec.queue = s->queue_.get();
     HostFfnPlaceholder placeholder;
     spec.host_ffn = &placeholder;
-    const uint64_t layer_bytes =
-        with_attention ? gpu::ComputeGpuLayersMemory(spec).Total(spec) : 0;
+    const uint64_t layer_bytes = with_attention ? gpu::ComputeGpuLayersMemory(spec).Total(spec) : 0;
     // The layers' memory is held while the FFN's device part is uploaded, so that the hot
     // neurons take only what the layers leave.
     if (layer_bytes > 0) {

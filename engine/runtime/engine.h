@@ -195,7 +195,7 @@ class EngineSession {
   std::unique_ptr<gpu::Queue> queue_;     // the order of its device work; outlives its users
   std::unique_ptr<Session> session_;
   std::unique_ptr<SparseFfn> sparse_;
-  std::unique_ptr<MoeFfn> moe_;  // after queue_: its executor runs on it
+  std::unique_ptr<MoeFfn> moe_;             // after queue_: its executor runs on it
   std::unique_ptr<gpu::GpuLayers> layers_;  // after sparse_: may call it, freed first
   EnginePlacement placement_;
 };

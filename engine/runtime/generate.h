@@ -87,8 +87,8 @@ struct GenerationResult {
   int64_t prompt_cached = 0;    // of them, found in the KV cache (options.cached_prompt)
   int64_t prompt_computed = 0;  // of them, evaluated (fewer than the rest when cancelled)
   double prompt_seconds = 0;    // prefill
-  double decode_seconds = 0;  // evaluating generated tokens
-  int64_t decode_evals = 0;   // single-token forward passes timed by decode_seconds
+  double decode_seconds = 0;    // evaluating generated tokens
+  int64_t decode_evals = 0;     // single-token forward passes timed by decode_seconds
   double prompt_tokens_per_s() const {
     return prompt_seconds > 0 ? prompt_computed / prompt_seconds : 0;
   }

@@ -20,8 +20,8 @@ void PredictHidden(ThreadPool& pool, const PredictorView& p, const float* xn, fl
   }
 }
 
-int64_t PredictSlots(Isa isa, const PredictorView& p, const PredictorHidden& hidden,
-                     int64_t begin, int64_t end, float* logits, int32_t* active) {
+int64_t PredictSlots(Isa isa, const PredictorView& p, const PredictorHidden& hidden, int64_t begin,
+                     int64_t end, float* logits, int32_t* active) {
   int64_t n = 0;
   if (p.rank == 0) {
     for (int64_t s = begin; s < end; ++s) active[n++] = static_cast<int32_t>(s);

@@ -16,7 +16,7 @@ namespace thermocline {
 
 // One layer's predictor; views and arrays owned by the plan and the sparse weights.
 struct PredictorView {
-  int64_t rank = 0;            // 0: no predictor (every slot a candidate)
+  int64_t rank = 0;                   // 0: no predictor (every slot a candidate)
   const WeightView* fc1 = nullptr;    // (rank, n_embd)
   const float* b1 = nullptr;          // (rank)
   const WeightView* fc2_t = nullptr;  // (rank, n_ff) slot order
@@ -33,14 +33,14 @@ struct PredictorHidden {
 
 // Step 1, once per token and layer: fc1 over the pool, then relu; fills hidden (its arrays sized
 // rank). scratch: for a (1, rank) product.
-void PredictHidden(ThreadPool& pool, const PredictorView& p, const float* xn,
-                   float* fc1_out, PredictorHidden* hidden, MatMulScratch& scratch);
+void PredictHidden(ThreadPool& pool, const PredictorView& p, const float* xn, float* fc1_out,
+                   PredictorHidden* hidden, MatMulScratch& scratch);
 
 // Step 2 for the slots [begin, end), on the calling thread: writes the predicted-active ones, in
 // ascending order, to active and returns how many. logits: (n_ff) scratch indexed by slot; the
 // call writes [begin, end) and, when begin is not on a block of fc2_t's type, the slots from the
 // block's start (which the caller's other slices must not be using: the device part's slots).
-int64_t PredictSlots(Isa isa, const PredictorView& p, const PredictorHidden& hidden,
-                     int64_t begin, int64_t end, float* logits, int32_t* active);
+int64_t PredictSlots(Isa isa, const PredictorView& p, const PredictorHidden& hidden, int64_t begin,
+                     int64_t end, float* logits, int32_t* active);
 
 }  // namespace thermocline

@@ -143,15 +143,14 @@ size_t NextLlama3(const CodepointView& v, size_t pos, size_t max_digits) {
 
 std::optional<PreTokenizerKind> PreTokenizerFromName(std::string_view name) {
   static constexpr std::string_view kGpt2[] = {
-      "",           "gpt-2",      "gpt2",         "phi-2",       "mpt",      "olmo",
-      "jais",       "exaone4",    "jina-es",      "jina-de",     "jina-v1-en", "jina-v2-es",
-      "jina-v2-de", "jina-v2-code", "roberta-bpe", "gigachat",   "a.x-4.0",  "mellum",
-      "trillion"};
+      "",           "gpt-2",      "gpt2",       "phi-2",        "mpt",
+      "olmo",       "jais",       "exaone4",    "jina-es",      "jina-de",
+      "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code", "roberta-bpe",
+      "gigachat",   "a.x-4.0",    "mellum",     "trillion"};
   static constexpr std::string_view kLlama3[] = {"llama3",    "llama-v3", "llama-bpe", "falcon3",
                                                  "falcon-h1", "pixtral",  "midm-2.0",  "lfm2",
                                                  "dbrx",      "smaug-bpe"};
-  static constexpr std::string_view kQwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez",
-                                                "stablelm2"};
+  static constexpr std::string_view kQwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"};
   for (std::string_view n : kGpt2) {
     if (name == n) return PreTokenizerKind::kGpt2;
   }

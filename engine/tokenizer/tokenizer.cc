@@ -183,7 +183,8 @@ absl::Status Tokenizer::CheckSupported(const GgufFile& file, std::vector<std::st
   if (!PreTokenizerFromName(name)) return UnsupportedPreTokenizer(name);
   if (name.empty() && warnings != nullptr) {
     warnings->push_back(absl::StrCat(
-        kPreKey, " is missing: the BPE vocabulary is split with GPT-2's pre-tokenizer; a model "
+        kPreKey,
+        " is missing: the BPE vocabulary is split with GPT-2's pre-tokenizer; a model "
         "converted for another one tokenizes some text differently (reconvert it with a current "
         "llama.cpp to be sure)"));
   }

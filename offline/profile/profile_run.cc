@@ -169,7 +169,7 @@ absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& po
       auto r = Generate(*session, {&bos, 1}, go, [&](const GeneratedToken&) {
         if (!Report(progress, profiler, options.tokens)) cancelled = true;
         return !cancelled && profiler.tokens() < options.tokens ? TokenAction::kContinue
-                                                                 : TokenAction::kStop;
+                                                                : TokenAction::kStop;
       });
       if (!r.ok()) return r.status();
       if (profiler.observed_tokens() == before) {

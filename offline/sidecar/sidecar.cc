@@ -30,8 +30,8 @@ absl::Status CheckSidecarMatches(const Sidecar& s, const LlamaModel& model) {
   }
   if (s.n_expert != hp.n_expert || s.n_expert_used != hp.n_expert_used) {
     return absl::FailedPreconditionError(
-        absl::StrCat("sidecar belongs to another model: it was made for ", s.n_expert,
-                     " experts (", s.n_expert_used, " used), this model has ", hp.n_expert, " (",
+        absl::StrCat("sidecar belongs to another model: it was made for ", s.n_expert, " experts (",
+                     s.n_expert_used, " used), this model has ", hp.n_expert, " (",
                      hp.n_expert_used, " used)", redo));
   }
   const std::string identity = ModelIdentity(model.gguf());

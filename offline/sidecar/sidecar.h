@@ -69,7 +69,7 @@ struct Sidecar {
   std::string model_name;
   int64_t n_layer = 0, n_embd = 0, n_ff = 0;
   int64_t n_expert = 0, n_expert_used = 0;  // 0: not a mixture of experts
-  std::string activation;  // ActivationName()
+  std::string activation;                   // ActivationName()
   std::string corpus_kind;
   std::string corpus_hash;
   int64_t tokens = 0;

@@ -219,11 +219,11 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
         absl::StrCat("'", path, "' is not a Thermocline sidecar (no thermocline.format_version)"));
   }
   s.format_version = static_cast<uint32_t>(*version->AsUint());
-  if (s.format_version < kOldestSidecarFormatVersion ||
-      s.format_version > kSidecarFormatVersion) {
+  if (s.format_version < kOldestSidecarFormatVersion || s.format_version > kSidecarFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "sidecar '", path, "' has format version ", s.format_version, ", this build reads versions ",
-        kOldestSidecarFormatVersion, " to ", kSidecarFormatVersion, " (", s.format_version < kSidecarFormatVersion ? "older" : "newer",
+        "sidecar '", path, "' has format version ", s.format_version,
+        ", this build reads versions ", kOldestSidecarFormatVersion, " to ", kSidecarFormatVersion,
+        " (", s.format_version < kSidecarFormatVersion ? "older" : "newer",
         " format); run `thermocline profile` again to make a current sidecar"));
   }
   auto str = [&](const std::string& k) { return f.GetString(Key(k)); };

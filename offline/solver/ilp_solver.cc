@@ -85,9 +85,8 @@ absl::StatusOr<SolveResult> SolvePlacement(const PlacementProblem& p, const Solv
       mem_coef.push_back(C.bucket_neurons(b) * C.bytes_per_neuron / kMiB);
     }
   }
-  const int o =
-      lp.Add(time ? p.output_bytes * (1.0 / g - 1.0 / c) * kMicro : -kFrequencyTieBreak, true, 0,
-             p.experts ? 0 : 1);
+  const int o = lp.Add(time ? p.output_bytes * (1.0 / g - 1.0 / c) * kMicro : -kFrequencyTieBreak,
+                       true, 0, p.experts ? 0 : 1);
   mem_idx.push_back(o);
   mem_coef.push_back(p.output_bytes / kMiB);
   lp.rows.setDimensions(0, static_cast<int>(lp.obj.size()));

@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
+#include "bench/gpu_ops.h"
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
-#include "bench/gpu_ops.h"
 #include "engine/ops/kernels.h"
 #include "engine/sparse/sparse_ops.h"
 

@@ -66,9 +66,9 @@ nlohmann::json ModelInfo(int port, const std::string& name) {
 }
 
 double Perplexity(const std::string& flags) {
-  const CliResult r = RunThermocline("perplexity " + flags + " -f " +
-                                     TestModelPath("stories260K.ppl-sample.txt") +
-                                     " --ctx 128 -t 1 --json");
+  const CliResult r =
+      RunThermocline("perplexity " + flags + " -f " + TestModelPath("stories260K.ppl-sample.txt") +
+                     " --ctx 128 -t 1 --json");
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   return Json(r.out.substr(r.out.find('{')))["ppl"].get<double>();
@@ -78,8 +78,8 @@ TEST_CASE("serve --gpu-memory without a GPU serves generate's tokens and says wh
           "[engine][gpu]") {
   if (!HaveReluModel()) THERMOCLINE_SKIP("no relu-tiny model or corpus");
   const std::string sidecar = SharedReluSidecar();
-  DaemonProcess d("[[models]]\npath = \"" + ReluModel() +
-                  "\"\nname = \"relu\"\nsidecar = \"" + sidecar + "\"\ngpu_memory = \"256M\"\n");
+  DaemonProcess d("[[models]]\npath = \"" + ReluModel() + "\"\nname = \"relu\"\nsidecar = \"" +
+                  sidecar + "\"\ngpu_memory = \"256M\"\n");
   const nlohmann::json info = ModelInfo(d.port(), "relu");
   CHECK(info["mode"] == "sparse");
   const nlohmann::json& runs_on = info["runs_on"];

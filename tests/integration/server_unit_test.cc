@@ -80,8 +80,7 @@ TEST_CASE("chat template families render by name", "[server][chat]") {
        "<|start_header_id|>assistant<|end_header_id|>\n\n"},
       {"llama-2",
        "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello </s><s>[INST] Bye [/INST]"},
-      {"mistral",
-       "<s>[INST] Be brief.\n\nHi [/INST]Hello</s>[INST] Bye [/INST]"},
+      {"mistral", "<s>[INST] Be brief.\n\nHi [/INST]Hello</s>[INST] Bye [/INST]"},
       {"zephyr",
        "<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello</s>\n<|user|>\nBye</s>\n"
        "<|assistant|>\n"},

@@ -11,8 +11,8 @@
 #include "engine/model/session.h"
 #include "engine/sparse/sparse_ffn.h"
 #include "model_fixtures.h"
-#include "powerinfer_fixture.h"
 #include "offline/sparse_source.h"
+#include "powerinfer_fixture.h"
 
 namespace thermocline {
 namespace {

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <string>
 
-#include "engine/model/llama_model.h"
 #include "bench/synth.h"
+#include "engine/model/llama_model.h"
 #include "test_util.h"
 
 namespace thermocline {

@@ -9,10 +9,10 @@
 #include <cmath>
 #include <random>
 
-#include "engine/model/cpu_ops.h"
-#include "engine/model/session.h"
 #include "bench/cpu_device.h"
 #include "bench/sparse_read_floor.h"
+#include "engine/model/cpu_ops.h"
+#include "engine/model/session.h"
 #include "model_fixtures.h"
 
 namespace thermocline {

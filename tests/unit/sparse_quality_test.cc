@@ -103,8 +103,7 @@ TEST_CASE("relu-tiny sparse: perplexity, greedy continuations, oracle", "[sparse
     const int64_t n_vocab = model.hparams().n_vocab;
     double diff = 0, scale = 0;
     for (int64_t i = 0; i < n_vocab; ++i) {
-      diff =
-          std::max<double>(diff, std::fabs(oracle_session->logits()[i] - dense->logits()[i]));
+      diff = std::max<double>(diff, std::fabs(oracle_session->logits()[i] - dense->logits()[i]));
       scale = std::max<double>(scale, std::fabs(dense->logits()[i]));
     }
     // Float sums reordered across ~n_ff terms per layer: relative 1e-4 is ~1000 ε.
