@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/gpu/gpu_layers.h"
+#include "engine/model/session.h"
 #include "engine/runtime/engine.h"
 #include "engine/util/byte_size.h"
 #include "engine/util/thread_pool.h"
@@ -112,6 +113,7 @@ absl::Status ReadModels(const toml::node* node, ServerConfig* c) {
     r.Get<bool>("oracle", &m.oracle);
     r.Get<std::string>("gpu_memory", &m.gpu_memory);
     r.Get<std::string>("gpu_layers", &m.gpu_layers);
+    r.Get<std::string>("kv_type", &m.kv_type);
     if (absl::Status s = r.Finish(); !s.ok()) return s;
     if (m.path.empty()) return KeyError("models.path", "is required");
     c->models.push_back(std::move(m));
@@ -320,6 +322,10 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     }
     if (m.n_ctx < 0 || m.n_ctx > (int64_t{1} << 20)) {
       return KeyError("models.n_ctx", "must be in [0, 1048576]");
+    }
+    if (KvType kv; !ParseKvType(m.kv_type, &kv)) {
+      return KeyError("models.kv_type",
+                      absl::StrCat("'", m.kv_type, "' of model '", m.name, "': use f16 or f32"));
     }
     uint64_t gpu_memory = 0;
     int64_t gpu_layers = 0;

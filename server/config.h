@@ -29,6 +29,7 @@ struct ModelConfig {
   // and gpu_memory the solved hybrid placement runs; with gpu_layers, -ngl-style whole layers.
   std::string gpu_memory;
   std::string gpu_layers;
+  std::string kv_type = "f16";  // the KV cache's element type: "f16" (as llama.cpp's) or "f32"
 };
 
 // The engine options of `gpu_memory` / `gpu_layers` (validated by FinalizeConfig).

@@ -170,6 +170,10 @@ absl::StatusOr<std::shared_ptr<const Engine>> ModelRegistry::BuildEngine(
   EngineOptions options;
   options.n_ctx = l.n_ctx;
   options.max_batch = options_.max_batch;
+  if (!ParseKvType(m->config.kv_type, &options.kv_type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_type '", m->config.kv_type, "' is not one of f16, f32"));
+  }
   if (absl::Status s = ApplyGpuConfig(m->config, &options.gpu_memory, &options.gpu_layers);
       !s.ok()) {
     return s;
@@ -255,8 +259,9 @@ absl::StatusOr<int64_t> ChooseContext(const ModelConfig& c, const LlamaHparams& 
       n_ctx = max_context;
     }
   }
-  const uint64_t kv_bytes =
-      static_cast<uint64_t>(h.n_layer) * n_ctx * (h.kv_dim() + h.v_dim()) * sizeof(float);
+  KvType kv_type = KvType::kF16;
+  ParseKvType(c.kv_type, &kv_type);  // validated by FinalizeConfig
+  const uint64_t kv_bytes = KvCacheBytes(h, n_ctx, kv_type);
   const uint64_t memory = PhysicalMemory();
   if (memory > 0 && kv_bytes > memory) {
     return absl::ResourceExhaustedError(

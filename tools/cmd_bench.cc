@@ -171,7 +171,7 @@ int RunBench(int argc, char** argv) {
       argc, argv,
       {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions", "--activation",
        "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile", "--output", "--gpu-memory",
-       "--gpu-layers", "--hardware-profile", "--json-schema", "--prompt"},
+       "--gpu-layers", "--hardware-profile", "--json-schema", "--prompt", "--kv-type"},
       {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in"},
       {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
@@ -179,7 +179,8 @@ int RunBench(int argc, char** argv) {
     std::puts(
         "usage: thermocline bench -m MODEL [--prompt-tokens 64] [--gen-tokens 64] "
         "[--threads N] [--repetitions 5] [--json]\n"
-        "  --activation A           override the FFN activation: silu | relu | drelu");
+        "  --activation A           override the FFN activation: silu | relu | drelu\n"
+        "  --kv-type f16|f32        KV cache element type (default f16, as llama.cpp's)");
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     std::puts(

@@ -148,6 +148,9 @@ int RunBenchGpuCompare(const Args& args) {
   if (stand_in) base.device = &stand_in_device;
   base.n_ctx = *pt + *gt + 1;
   base.max_batch = std::min<int64_t>(*pt, 64);
+  // The device layers' KV cache is F32: the CPU's is too in every row, so that the rows' greedy
+  // tokens can be held to the CPU row's.
+  base.kv_type = KvType::kF32;
   const int r = static_cast<int>(*reps);
 
   std::vector<Row> rows;

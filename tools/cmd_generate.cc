@@ -24,6 +24,7 @@ constexpr char kUsage[] = R"(usage: thermocline generate -m MODEL -p PROMPT [opt
   --seed S                 random seed (default: random)
   -t, --threads N          CPU threads (default: all)
   -c, --ctx N              context length (default: the model's)
+  --kv-type f16|f32        KV cache element type (default f16, as llama.cpp's)
   --activation A           override the FFN activation: silu | relu | drelu
   --ignore-eos             keep generating past end-of-sequence tokens
   --json                   print one JSON object instead of streaming text
@@ -60,19 +61,34 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const Args& args) {
 }  // namespace
 
 int RunGenerate(int argc, char** argv) {
-  auto args =
-      Args::Parse(argc, argv,
-                  {"--model", "--prompt", "--n-predict", "--temp", "--top-k", "--top-p", "--min-p",
-                   "--repeat-penalty", "--frequency-penalty", "--presence-penalty", "--seed",
-                   "--threads", "--ctx", "--activation", "--sparse", "--sidecar",
-                   "--target-sparsity", "--gpu-memory", "--gpu-layers"},
-                  {"--json", "--ignore-eos", "--help", "--oracle", "--logprobs"},
-                  {{"-m", "--model"},
-                   {"-p", "--prompt"},
-                   {"-n", "--n-predict"},
-                   {"-t", "--threads"},
-                   {"-c", "--ctx"},
-                   {"-h", "--help"}});
+  auto args = Args::Parse(argc, argv,
+                          {"--model",
+                           "--prompt",
+                           "--n-predict",
+                           "--temp",
+                           "--top-k",
+                           "--top-p",
+                           "--min-p",
+                           "--repeat-penalty",
+                           "--frequency-penalty",
+                           "--presence-penalty",
+                           "--seed",
+                           "--threads",
+                           "--ctx",
+                           "--activation",
+                           "--sparse",
+                           "--sidecar",
+                           "--target-sparsity",
+                           "--gpu-memory",
+                           "--gpu-layers",
+                           "--kv-type"},
+                          {"--json", "--ignore-eos", "--help", "--oracle", "--logprobs"},
+                          {{"-m", "--model"},
+                           {"-p", "--prompt"},
+                           {"-n", "--n-predict"},
+                           {"-t", "--threads"},
+                           {"-c", "--ctx"},
+                           {"-h", "--help"}});
   if (!args.ok()) return Fail("generate", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);

@@ -12,20 +12,21 @@
 namespace thermocline::cli {
 
 int RunPerplexity(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv,
-                          {"--model", "--file", "--ctx", "--threads", "--activation", "--sparse",
-                           "--sidecar", "--target-sparsity", "--gpu-memory", "--gpu-layers"},
-                          {"--json", "--help", "--oracle"},
-                          {{"-m", "--model"},
-                           {"-f", "--file"},
-                           {"-c", "--ctx"},
-                           {"-t", "--threads"},
-                           {"-h", "--help"}});
+  auto args =
+      Args::Parse(argc, argv,
+                  {"--model", "--file", "--ctx", "--threads", "--activation", "--sparse",
+                   "--sidecar", "--target-sparsity", "--gpu-memory", "--gpu-layers", "--kv-type"},
+                  {"--json", "--help", "--oracle"},
+                  {{"-m", "--model"},
+                   {"-f", "--file"},
+                   {"-c", "--ctx"},
+                   {"-t", "--threads"},
+                   {"-h", "--help"}});
   if (!args.ok()) return Fail("perplexity", args.status(), true);
   if (args->Has("--help")) {
     std::puts(
         "usage: thermocline perplexity -m MODEL -f TEXT [--ctx 512] [--threads N] "
-        "[--activation A] [--json]");
+        "[--activation A] [--kv-type f16|f32] [--json]");
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     return 0;

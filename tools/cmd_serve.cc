@@ -118,6 +118,9 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
     }
     *f.dst = static_cast<int>(*v);
   }
+  if (auto kv = args.Get("--kv-type")) {
+    for (server::ModelConfig& m : c->models) m.kv_type = *kv;
+  }
   if (args.Has("--ctx")) {
     auto ctx = args.GetInt("--ctx", 0);
     if (!ctx.ok()) return ctx.status();
@@ -134,7 +137,7 @@ int RunServe(int argc, char** argv) {
       Args::Parse(argc, argv,
                   {"--config", "--host", "--port", "--api-key", "--slots", "--queue", "--threads",
                    "--ctx", "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key",
-                   "--grpc-port", "--gpu-memory", "--gpu-layers"},
+                   "--grpc-port", "--gpu-memory", "--gpu-layers", "--kv-type"},
                   {"--help", "--oracle", "--no-prompt-cache"},
                   {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("serve", args.status(), true);

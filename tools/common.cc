@@ -92,6 +92,10 @@ absl::StatusOr<std::shared_ptr<const Engine>> EngineFromArgs(const Args& args,
                                                              ThreadPool& pool,
                                                              EngineOptions options) {
   if (absl::Status s = GpuOptionsFromArgs(args, &options); !s.ok()) return s;
+  if (auto text = args.Get("--kv-type"); text && !ParseKvType(*text, &options.kv_type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-type '", *text, "' is not one of f16, f32"));
+  }
   absl::StatusOr<std::optional<SparsePlan>> plan = SparsePlanFromArgs(args, model);
   if (!plan.ok()) return plan.status();
   return Engine::Create(model, *std::move(plan), options, pool);

@@ -21,22 +21,27 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model
     return absl::InvalidArgumentError(
         absl::StrCat("max_batch ", options.max_batch, " must be in [1, 4096]"));
   }
-  const uint64_t kv_bytes =
-      static_cast<uint64_t>(h.n_layer) * n_ctx * (h.kv_dim() + h.v_dim()) * sizeof(float);
+  const uint64_t kv_bytes = KvCacheBytes(h, n_ctx, options.kv_type);
   if (kv_bytes > (uint64_t{1} << 38)) {
     return absl::ResourceExhaustedError(absl::StrCat("a KV cache of ", n_ctx, " positions needs ",
                                                      kv_bytes >> 20,
                                                      " MiB; use a shorter context"));
   }
   return std::unique_ptr<Session>(
-      new Session(model, pool, n_ctx, std::min(options.max_batch, n_ctx)));
+      new Session(model, pool, n_ctx, std::min(options.max_batch, n_ctx), options.kv_type));
 }
 
-Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch)
-    : model_(model), pool_(pool), n_ctx_(n_ctx), max_batch_(max_batch) {
+Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch,
+                 KvType kv_type)
+    : model_(model), pool_(pool), n_ctx_(n_ctx), max_batch_(max_batch), kv_type_(kv_type) {
   const LlamaHparams& h = model.hparams();
-  k_cache_.resize(h.n_layer * n_ctx * h.kv_dim());
-  v_cache_.resize(h.n_layer * n_ctx * h.v_dim());
+  if (kv_type == KvType::kF16) {
+    k_cache_f16_.resize(h.n_layer * n_ctx * h.kv_dim());
+    v_cache_f16_.resize(h.n_layer * n_ctx * h.v_dim());
+  } else {
+    k_cache_.resize(h.n_layer * n_ctx * h.kv_dim());
+    v_cache_.resize(h.n_layer * n_ctx * h.v_dim());
+  }
   rope_table_ = RopeTable::ForModel(h, model.rope_factors(n_ctx));
   rope_.resize(max_batch * h.rope_dim);
   has_swa_rope_ = h.rope_freq_base_swa > 0;
@@ -279,8 +284,12 @@ void Session::Attention(int layer, int64_t n) {
   const LayerWeights& L = model_.layers()[layer];
   const int64_t kv_dim = h.kv_dim(), v_dim = h.v_dim(), head_dim = h.head_dim;
   const int64_t head_dim_v = h.head_dim_v, q_dim = h.q_dim(), o_dim = h.o_dim();
-  float* k_cache = k_cache_.data() + layer * n_ctx_ * kv_dim;
-  float* v_cache = v_cache_.data() + layer * n_ctx_ * v_dim;
+  const bool half = kv_type_ == KvType::kF16;
+  float* k_cache = half ? nullptr : k_cache_.data() + layer * n_ctx_ * kv_dim;
+  float* v_cache = half ? nullptr : v_cache_.data() + layer * n_ctx_ * v_dim;
+  uint16_t* k_cache_f16 = half ? k_cache_f16_.data() + layer * n_ctx_ * kv_dim : nullptr;
+  uint16_t* v_cache_f16 = half ? v_cache_f16_.data() + layer * n_ctx_ * v_dim : nullptr;
+  const TypeKernels& f16 = *KernelsFor(GgmlType::kF16);
   const bool slides = h.LayerSlides(layer);
   const float* table = slides && has_swa_rope_ ? rope_swa_.data() : rope_.data();
   auto rope = h.rope_kind == RopeKind::kNeox ? ApplyRopeNeox : ApplyRope;
@@ -298,8 +307,15 @@ void Session::Attention(int layer, int64_t n) {
     const float* cs = table + t * h.rope_dim;
     rope(q, h.n_head, head_dim, h.rope_dim, cs);
     rope(k, h.n_head_kv, head_dim, h.rope_dim, cs);
-    std::copy_n(k, kv_dim, k_cache + (n_past_ + t) * kv_dim);
-    std::copy_n(v_.data() + t * v_dim, v_dim, v_cache + (n_past_ + t) * v_dim);
+    const float* v = v_.data() + t * v_dim;
+    const int64_t pos = n_past_ + t;
+    if (half) {
+      f16.from_float(k, k_cache_f16 + pos * kv_dim, kv_dim);
+      f16.from_float(v, v_cache_f16 + pos * v_dim, v_dim);
+    } else {
+      std::copy_n(k, kv_dim, k_cache + pos * kv_dim);
+      std::copy_n(v, v_dim, v_cache + pos * v_dim);
+    }
   }
   const int64_t group = h.n_head / h.n_head_kv;
   const float scale = h.attn_scale, softcap = h.attn_softcap;
@@ -315,12 +331,37 @@ void Session::Attention(int layer, int64_t n) {
       const int64_t kv_head = head / group;
       const int64_t pos = n_past_ + t;  // causal: positions first .. pos
       const int64_t first = std::max<int64_t>(0, pos + 1 - window);
-      AttendHead(pos + 1 - first, head_dim, head_dim_v, q_.data() + t * q_dim + head * head_dim,
-                 k_cache + first * kv_dim + kv_head * head_dim, kv_dim,
-                 v_cache + first * v_dim + kv_head * head_dim_v, v_dim, scale, softcap, scores,
-                 att_out_.data() + t * o_dim + head * head_dim_v);
+      const float* q = q_.data() + t * q_dim + head * head_dim;
+      float* out = att_out_.data() + t * o_dim + head * head_dim_v;
+      const int64_t k_off = first * kv_dim + kv_head * head_dim;
+      const int64_t v_off = first * v_dim + kv_head * head_dim_v;
+      if (half) {
+        AttendHeadF16(pos + 1 - first, head_dim, head_dim_v, q, k_cache_f16 + k_off, kv_dim,
+                      v_cache_f16 + v_off, v_dim, scale, softcap, scores, out);
+      } else {
+        AttendHead(pos + 1 - first, head_dim, head_dim_v, q, k_cache + k_off, kv_dim,
+                   v_cache + v_off, v_dim, scale, softcap, scores, out);
+      }
     }
   });
+}
+
+const char* KvTypeName(KvType type) { return type == KvType::kF16 ? "f16" : "f32"; }
+
+bool ParseKvType(const std::string& name, KvType* type) {
+  if (name == "f16") {
+    *type = KvType::kF16;
+  } else if (name == "f32") {
+    *type = KvType::kF32;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+uint64_t KvCacheBytes(const LlamaHparams& h, int64_t n_ctx, KvType type) {
+  const uint64_t element = type == KvType::kF16 ? sizeof(uint16_t) : sizeof(float);
+  return static_cast<uint64_t>(h.n_layer) * n_ctx * (h.kv_dim() + h.v_dim()) * element;
 }
 
 }  // namespace thermocline

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,10 +33,21 @@ class FfnObserver {
   virtual void OnRouting(int layer, const int32_t* selected, int64_t k, int64_t n_tokens) {}
 };
 
+// The element type of the KV cache. kF16: half the memory, and attention computes as ggml's F16
+// products do (kernels.h's AttendHeadF16), as llama.cpp's default cache; what the engine serves
+// (EngineOptions). kF32: full precision, the reference the other paths are checked against.
+enum class KvType { kF32, kF16 };
+const char* KvTypeName(KvType type);  // "f32", "f16"
+bool ParseKvType(const std::string& name, KvType* type);
+
 struct SessionOptions {
   int64_t n_ctx = 0;       // KV cache length; 0: the model's training context
   int64_t max_batch = 64;  // tokens evaluated per forward pass during prefill
+  KvType kv_type = KvType::kF32;
 };
+
+// Bytes of the KV cache of one session of n_ctx positions.
+uint64_t KvCacheBytes(const LlamaHparams& h, int64_t n_ctx, KvType type);
 
 class Session {
  public:
@@ -69,6 +81,7 @@ class Session {
   void set_layer_backend(LayerBackend* backend) { layer_backend_ = backend; }
   LayerBackend* layer_backend() const { return layer_backend_; }
   int64_t max_batch() const { return max_batch_; }
+  KvType kv_type() const { return kv_type_; }
   // The dense FFN of `layer` (the reference every backend is compared to):
   // out: (n_tokens, n_embd) from xn: (n_tokens, n_embd) after ffn_norm, x before it. In a
   // mixture-of-experts layer: the routed experts (and the shared one), each token computing
@@ -76,7 +89,8 @@ class Session {
   void DenseFfn(int layer, const float* x, const float* xn, int64_t n_tokens, float* out);
 
  private:
-  Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch);
+  Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64_t max_batch,
+          KvType kv_type);
   // The checks and the chunking of Eval and EvalHidden.
   absl::Status EvalChunks(absl::Span<const int32_t> tokens, float* all_logits, float* hidden);
   // hidden: when given, the normed final states instead of any logits.
@@ -90,6 +104,7 @@ class Session {
   ThreadPool* pool_;
   const int64_t n_ctx_;
   const int64_t max_batch_;
+  const KvType kv_type_;
   int64_t n_past_ = 0;
   FfnObserver* observer_ = nullptr;
   FfnBackend* ffn_backend_ = nullptr;
@@ -101,8 +116,11 @@ class Session {
   // step writes a row in every layer, and on 4 KB pages that was a page fault in the token's
   // path every few rows (11 per token on the 1.1B synthetic model, ≈ 33 µs each on our VM;
   // generate decoded 5% faster without them). The cost: RSS grows 2 MB per layer at a time.
+  // Of kv_type_: the float pair or the half pair; the other stays empty.
   std::vector<float, HugePageAllocator<float>> k_cache_;
   std::vector<float, HugePageAllocator<float>> v_cache_;
+  std::vector<uint16_t, HugePageAllocator<uint16_t>> k_cache_f16_;
+  std::vector<uint16_t, HugePageAllocator<uint16_t>> v_cache_f16_;
   RopeTable rope_table_;
   RopeTable rope_table_swa_;  // sliding layers' own RoPE (Gemma 3), when has_swa_rope_
   bool has_swa_rope_ = false;

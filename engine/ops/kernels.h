@@ -68,6 +68,16 @@ void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float
                 int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
                 float* scores, float* out);
 
+// Attention over an F16 cache (llama.cpp's default KV type): k and v rows of halves, strides in
+// halves. It computes as ggml's F16 products do: q and the softmax weights are rounded to half
+// before they meet the rows, the sums are F32.
+void AttendHeadF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const uint16_t* k,
+                   int64_t k_stride, const uint16_t* v, int64_t v_stride, float scale,
+                   float softcap, float* scores, float* out);
+void AttendHeadF16(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
+                   const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
+                   float scale, float softcap, float* scores, float* out);
+
 // Half and bfloat16 conversion, scalar.
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);

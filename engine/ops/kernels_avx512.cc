@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "engine/ops/kernels_internal.h"
 #include "engine/ops/quants_ref.h"

@@ -83,6 +83,11 @@ struct GemmKernels {
 using AttendFn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                           const float* k, int64_t k_stride, const float* v, int64_t v_stride,
                           float scale, float softcap, float* scores, float* out);
+// kernels.h's AttendHeadF16: the same over rows of halves.
+using AttendF16Fn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
+                             const uint16_t* k, int64_t k_stride, const uint16_t* v,
+                             int64_t v_stride, float scale, float softcap, float* scores,
+                             float* out);
 
 // Everything one ISA has for one weight type (a cell of the weight-type table). Panel, gemm
 // and axpy kernels are null where the ISA has none.
@@ -99,6 +104,7 @@ struct IsaKernels {
   const IsaTypeKernels* types;
   int n_types;
   AttendFn attend;
+  AttendF16Fn attend_f16;
 };
 
 const IsaKernels& ScalarKernels();      // kernels_scalar.cc

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "engine/ops/kernels.h"
@@ -214,14 +215,25 @@ TypeKernels QuantKernels(void (*to_float)(const void*, float*, int64_t),
 }  // namespace
 
 // The reference: a double dot per position, the cap, softmax as cpu_ops.h's Softmax, then the
-// values summed position by position.
-void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
-                  int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
+// values summed position by position. Row: float, or uint16_t for an F16 cache, whose q and
+// softmax weights are rounded to half (kernels.h's AttendHeadF16).
+template <class Row>
+void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const Row* k,
+                  int64_t k_stride, const Row* v, int64_t v_stride, float scale, float softcap,
                   float* scores, float* out) {
+  constexpr bool kHalf = std::is_same_v<Row, uint16_t>;
+  auto at = [](const Row* p, int64_t i) {
+    if constexpr (kHalf) {
+      return HalfToFloat(p[i]);
+    } else {
+      return p[i];
+    }
+  };
+  auto operand = [](float x) { return kHalf ? HalfToFloat(FloatToHalf(x)) : x; };
   float max = -INFINITY;
   for (int64_t j = 0; j < n_kv; ++j) {
     double s = 0.0;
-    for (int64_t i = 0; i < k_dim; ++i) s += double{q[i]} * k[j * k_stride + i];
+    for (int64_t i = 0; i < k_dim; ++i) s += double{operand(q[i])} * at(k, j * k_stride + i);
     scores[j] = static_cast<float>(s) * scale;
     if (softcap > 0) scores[j] = softcap * std::tanh(scores[j] / softcap);
     max = std::max(max, scores[j]);
@@ -234,8 +246,8 @@ void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, co
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t i = 0; i < v_dim; ++i) out[i] = 0.0f;
   for (int64_t j = 0; j < n_kv; ++j) {
-    const float p = scores[j] * inv;
-    for (int64_t i = 0; i < v_dim; ++i) out[i] += p * v[j * v_stride + i];
+    const float p = operand(scores[j] * inv);
+    for (int64_t i = 0; i < v_dim; ++i) out[i] += p * at(v, j * v_stride + i);
   }
 }
 
@@ -303,7 +315,8 @@ std::vector<IsaTypeKernels> ScalarTypes() {
 
 const IsaKernels& ScalarKernels() {
   static const std::vector<IsaTypeKernels> types = ScalarTypes();
-  static const IsaKernels kernels = {types.data(), static_cast<int>(types.size()), AttendScalar};
+  static const IsaKernels kernels = {types.data(), static_cast<int>(types.size()),
+                                     AttendScalar<float>, AttendScalar<uint16_t>};
   return kernels;
 }
 

@@ -244,6 +244,7 @@ absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* po
   SessionOptions so;
   so.n_ctx = n_ctx_;
   so.max_batch = options_.max_batch;
+  so.kv_type = options_.kv_type;
   absl::StatusOr<std::unique_ptr<Session>> session = Session::Create(model_, pool, so);
   if (!session.ok()) return session.status();
   s->session_ = *std::move(session);

@@ -49,6 +49,8 @@ constexpr int64_t kNoGpuLayers = -2;
 struct EngineOptions {
   int64_t n_ctx = 0;       // KV cache length of each session; 0: the model's training context
   int64_t max_batch = 64;  // tokens per forward pass during prefill
+  // Each session's KV cache on the CPU (session.h): F16 as llama.cpp's; F32 the reference.
+  KvType kv_type = KvType::kF16;
   // Sparse FFN: prompts of more than one token through the dense FFN. false: every token through
   // the sparse FFN (what perplexity measures).
   bool dense_prefill = true;

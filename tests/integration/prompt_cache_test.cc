@@ -153,13 +153,14 @@ void CheckSameWithAndWithoutCache(const std::string& model_toml, const std::stri
       last_reply = cw["message"]["content"];
     } else {
       CHECK(cw["text"] == cp["text"]);
-      // Equal logprobs too, up to float summation order: the cached prefix was prefilled in
-      // other chunks than a fresh prefill cuts (1e-6 seen; a wrong position or a stale token
-      // moves them by far more than 1e-4).
+      // Equal logprobs too, up to rounding: the cached prefix was prefilled in other chunks
+      // than a fresh prefill cuts, so its K and V differ in the last float bits, and the F16
+      // cache rounds some of them to the other neighbouring half, 2^-11 apart (1.2e-3 seen; a
+      // wrong position or a stale token moves them by far more than 3e-3).
       const auto lw = cw["logprobs"]["token_logprobs"].get<std::vector<double>>();
       const auto lp = cp["logprobs"]["token_logprobs"].get<std::vector<double>>();
       REQUIRE(lw.size() == lp.size());
-      for (size_t t = 0; t < lw.size(); ++t) CHECK(lw[t] == Approx(lp[t]).margin(1e-4));
+      for (size_t t = 0; t < lw.size(); ++t) CHECK(lw[t] == Approx(lp[t]).margin(3e-3));
     }
   }
   if (chat_turns) {

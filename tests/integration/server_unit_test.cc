@@ -248,6 +248,7 @@ path = "/x/a.gguf"
 [[models]]
 path = "/x/b.gguf"
 name = "bee"
+kv_type = "f32"
 )";
   ServerConfig c;
   REQUIRE(LoadConfigFile(path, &c).ok());
@@ -263,6 +264,8 @@ name = "bee"
   REQUIRE(c.models.size() == 2);
   CHECK(c.models[0].name == "a");
   CHECK(c.models[1].name == "bee");
+  CHECK(c.models[0].kv_type == "f16");  // the default, as llama.cpp's
+  CHECK(c.models[1].kv_type == "f32");
   CHECK(c.threads_per_slot >= 1);
 
   std::ofstream(path) << "[server]\nprot = 1\n";
@@ -274,6 +277,13 @@ name = "bee"
   ServerConfig zero;
   REQUIRE(LoadConfigFile(path, &zero).ok());
   CHECK(!FinalizeConfig(&zero).ok());
+  std::ofstream(path) << "[[models]]\npath = \"m\"\nkv_type = \"q8\"\n";
+  ServerConfig kv;
+  REQUIRE(LoadConfigFile(path, &kv).ok());
+  s = FinalizeConfig(&kv);
+  CHECK(!s.ok());
+  CHECK(std::string(s.message()).find("models.kv_type") != std::string::npos);
+  CHECK(std::string(s.message()).find("'q8'") != std::string::npos);
   CHECK(ParseModelFlag("/a/b.gguf=name").name == "name");
   CHECK(ParseModelFlag("/a/b.gguf").path == "/a/b.gguf");
 }

@@ -75,6 +75,9 @@ TEST_CASE("command line errors are clear", "[cli]") {
   r = Run("generate -m " + TestModelPath("relu-tiny.f32.gguf") + " -p hi --activation tanh");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Catch::Contains("tanh"));
+  r = Run("generate -m " + TestModelPath("stories260K.gguf") + " -p hi --kv-type q8");
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.out, Catch::Contains("--kv-type 'q8' is not one of f16, f32"));
 }
 
 TEST_CASE("inspect lists metadata and tensors", "[cli]") {
@@ -116,6 +119,12 @@ TEST_CASE("perplexity --json prints ppl", "[cli]") {
       JsonOf(Run("perplexity -m " + TestModelPath("stories260K.gguf") + " -f " +
                  TestModelPath("stories260K.ppl-sample.txt") + " --ctx 128 --json"));
   CHECK(std::abs(j["ppl"].get<double>() / 2.2991 - 1) < 0.005);
+  // The F32 cache: llama.cpp gives 2.2990 with its F32 cache on these F32 weights.
+  const nlohmann::json f32 =
+      JsonOf(Run("perplexity -m " + TestModelPath("stories260K.gguf") + " -f " +
+                 TestModelPath("stories260K.ppl-sample.txt") + " --ctx 128 --kv-type f32 --json"));
+  CHECK(std::abs(f32["ppl"].get<double>() / 2.2991 - 1) < 0.005);
+  CHECK(f32["ppl"].get<double>() != j["ppl"].get<double>());  // the flag reaches the session
 }
 
 TEST_CASE("synth, quantize and bench work together", "[cli]") {

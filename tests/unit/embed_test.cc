@@ -42,7 +42,9 @@ TEST_CASE("final hidden states times the head are the logits", "[embed]") {
   const LlamaHparams& h = model.hparams();
   REQUIRE(model.output().type == GgmlType::kF32);  // the rows below are read as floats
   ThreadPool pool(1);
-  auto s = NewEngineSession(model, std::nullopt, pool);
+  EngineOptions o;
+  o.kv_type = KvType::kF32;  // the reference computes attention in full precision
+  auto s = NewEngineSession(model, std::nullopt, pool, o);
   const nlohmann::json ref = LoadReference("stories260K.reference.json");
   for (const nlohmann::json& p : ref["prompts"]) {
     INFO(p["prompt"].get<std::string>());
@@ -130,6 +132,7 @@ TEST_CASE("embeddings: the same vector in any chunking and through a layer backe
   EngineOptions big;
   big.n_ctx = 64;
   big.max_batch = 64;
+  big.kv_type = KvType::kF32;  // as the stand-in device's cache, for its 1e-4 below
   auto one_chunk = NewEngineSession(model, std::nullopt, pool, big);
   EngineOptions small = big;
   small.max_batch = 3;  // the prompt crosses chunks

@@ -2,16 +2,16 @@
 // (../shared/models/kquants/, made by llama-quantize; its README has the perplexities): prompt
 // ids, greedy tokens, first-position logits and perplexity of each stories-wide.TYPE.gguf.
 //
-// Why the quantized files are not compared more tightly: llama.cpp computes attention with its
-// default F16 KV cache (K, V, Q and the softmax weights rounded to half), Thermocline in F32, and
-// both quantize every matrix's activations to 8 bits. That quantization is a step function: the
-// 1e-3 relative differences of F16 attention move some activations across a rounding step, which
-// perturbs the next layers, which moves more. Two correct implementations therefore differ by
-// about as much as the activation quantization itself changes the logits: llama.cpp's own Q8_0
-// logits differ from its F32 ones by up to 0.40, ours from llama.cpp's Q8_0 by up to 0.36, on
-// weights that are byte for byte the same (quantize_test.cc). Rounding attention to F16 as
-// llama.cpp does (an experiment, not in the engine) makes the Q8_0 and Q4_0 greedy tokens match
-// on all 4 x 48 positions. So greedy tokens must match until a near-tie, logits within the noise.
+// Both run with an F16 KV cache (llama.cpp's default, Thermocline's too, computed as llama.cpp
+// computes it: session.h), and on 9 of the 17 files the first-position logits agree within 1e-5.
+// Why the others are not compared more tightly: both quantize every matrix's activations to 8
+// bits and round q, K, V and the softmax weights to half, step functions; the ulp differences
+// that remain (SiLU's and softmax's exp, RoPE's angles) move an activation across a step now and
+// then, which perturbs the next layers, which moves more. Two correct implementations therefore
+// differ by about as much as those roundings move the output: llama.cpp's own perplexity moves
+// by up to 0.64% (IQ4_XS) between its F16 and F32 caches on these files, and its Q8_0 logits
+// differ from its F32 ones by up to 0.40. So greedy tokens must match until a near-tie, logits
+// within the noise.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -38,6 +38,7 @@ double Perplexity(const LlamaModel& model, ThreadPool& pool) {
   SessionOptions so;
   so.n_ctx = 128;
   so.max_batch = 128;
+  so.kv_type = KvType::kF16;  // llama.cpp's
   auto session = Session::Create(model, &pool, so);
   REQUIRE(session.ok());
   auto r = ComputePerplexity(
@@ -50,14 +51,15 @@ double Perplexity(const LlamaModel& model, ThreadPool& pool) {
 // ours of llama.cpp's by less than this (measured up to 0.23 where they part); a decoding error
 // moves logits by whole units (Q4_0's weights alone move them by up to 3.6 from F32).
 constexpr double kNearTie = 0.4;
-// First-position logits: measured differences up to 0.57 (Q3_K_S), see the top of the file.
-constexpr double kLogitTolerance = 0.8;
-// Perplexity: over 252 scored tokens the realization of the activation noise moves it by up to
-// 0.9% (Q2_K; our own float-equivalent variants, e.g. scalar vs AVX-512 sums, spread by up to
-// 0.6%), so each file within 1.25%; a systematic error would shift all files, so their mean
-// deviation must stay within the issue's 0.5%.
-constexpr double kPerplexityTolerance = 0.0125;
-constexpr double kMeanPerplexityTolerance = 0.005;
+// First-position logits: measured differences up to 0.41 (Q4_0 on "Lily and Ben", every ISA),
+// see the top of the file.
+constexpr double kLogitTolerance = 0.6;
+// Perplexity: over 252 scored tokens the realization of that noise moves it by up to 0.74% (Q2_K
+// with the scalar kernels; 0.62% with the SIMD ones, Q3_K_M), so each file within 0.8%; a
+// systematic error would shift all files, so their mean deviation (measured 0.23% on every
+// ISA) must stay within 0.35%.
+constexpr double kPerplexityTolerance = 0.008;
+constexpr double kMeanPerplexityTolerance = 0.0035;
 
 TEST_CASE("stories-wide in every llama.cpp type matches llama.cpp", "[kquants][model]") {
   if (!std::filesystem::exists(TestModelPath("kquants/stories-wide.f32.gguf"))) {
@@ -69,7 +71,9 @@ TEST_CASE("stories-wide in every llama.cpp type matches llama.cpp", "[kquants][m
     const std::string file = "kquants/stories-wide." + type + ".gguf";
     const LlamaModel& model = CachedModel(TestModelPath(file));
     const nlohmann::json ref = LoadReference("kquants/stories-wide." + type + ".llama-cpp.json");
-    auto session = Session::Create(model, &pool);
+    SessionOptions so;
+    so.kv_type = KvType::kF16;
+    auto session = Session::Create(model, &pool, so);
     REQUIRE(session.ok());
     const int64_t n_vocab = model.hparams().n_vocab;
     int all48 = 0, matched = 0;
@@ -105,10 +109,10 @@ TEST_CASE("stories-wide in every llama.cpp type matches llama.cpp", "[kquants][m
     const double ppl = Perplexity(model, pool);
     const double deviation = ppl / llama_ppl - 1;
     sum_deviation += std::fabs(deviation);
-    INFO(type << ": greedy equal on " << matched << " of 192 positions (all 48 on " << all48
+    WARN(type << ": greedy equal on " << matched << " of 192 positions (all 48 on " << all48
               << " prompts), max logit error " << max_err << ", ppl " << ppl << " vs llama.cpp's "
               << llama_ppl << " (" << 100 * deviation << "%)");
-    CHECK(max_err < (type == "f32" ? 0.02 : kLogitTolerance));  // f32: F16 attention alone
+    CHECK(max_err < (type == "f32" ? 0.002 : kLogitTolerance));  // f32: float sums alone
     CHECK(std::fabs(deviation) < (type == "f32" ? 0.001 : kPerplexityTolerance));
     if (type == "f32") CHECK(all48 == 4);
   }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Side by side with llama.cpp: alternates `llama-bench` and `thermocline bench` on the same GGUF
+# files and prints each one's median and range and the ratio, for prefill of a prompt and decode,
+# at each thread count. A model with a sidecar beside it (MODEL.thermo.gguf, or NAME.thermo.gguf
+# for NAME.gguf) is also run sparse by Thermocline; llama.cpp runs it dense. Not part of CI: it
+# needs a llama.cpp build (docs/benchmarks.md says how to make one) and an idle machine.
+#
+#   scripts/compare-llama-cpp.sh LLAMA_BENCH MODEL...
+#
+# Environment: ROUNDS (alternated rounds, default 3), THREADS (default "1 2"), PROMPT (prompt
+# tokens, default 64), GEN (generated tokens, default 64), THERMOCLINE (the binary, default
+# build/tools/thermocline beside this script's checkout).
+set -euo pipefail
+
+if [[ $# -lt 2 || "$1" == -h || "$1" == --help ]]; then
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+llama_bench=$1
+shift
+root=$(cd "$(dirname "$0")/.." && pwd)
+thermocline=${THERMOCLINE:-$root/build/tools/thermocline}
+rounds=${ROUNDS:-3}
+threads=${THREADS:-"1 2"}
+prompt=${PROMPT:-64}
+gen=${GEN:-64}
+for tool in "$llama_bench" "$thermocline"; do
+  [[ -x "$tool" ]] || { echo "compare-llama-cpp: $tool is not an executable" >&2; exit 1; }
+done
+for model in "$@"; do
+  [[ -f "$model" ]] || { echo "compare-llama-cpp: $model is not a file" >&2; exit 1; }
+done
+
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+
+# One line per measurement: model, threads, who, figure, tokens/s.
+record() { echo "$1 $2 $3 $4 $5" >>"$results"; }
+
+llama_round() {  # model threads
+  local json
+  json=$("$llama_bench" -m "$1" -t "$2" -p "$prompt" -n "$gen" -r 1 -o json 2>/dev/null)
+  python3 -c '
+import json, sys
+for r in json.loads(sys.argv[1]):
+    print("prefill" if r["n_prompt"] > 0 else "decode", r["avg_ts"])
+' "$json" | while read -r what ts; do record "$1" "$2" llama.cpp "$what" "$ts"; done
+}
+
+thermocline_round() {  # model threads
+  local json
+  json=$("$thermocline" bench -m "$1" --threads "$2" --prompt-tokens "$prompt" --gen-tokens "$gen" \
+    --repetitions 1 --sparse off --json 2>/dev/null)
+  python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+print("prefill", j["prompt_tokens_per_s"])
+print("decode", j["decode_tokens_per_s"])
+' "$json" | while read -r what ts; do record "$1" "$2" thermocline "$what" "$ts"; done
+  if [[ -f "$1.thermo.gguf" || -f "${1%.gguf}.thermo.gguf" ]]; then
+    local sidecar=$1.thermo.gguf
+    [[ -f "$sidecar" ]] || sidecar=${1%.gguf}.thermo.gguf
+    json=$("$thermocline" bench -m "$1" --sidecar "$sidecar" --threads "$2" \
+      --prompt-tokens 16 --gen-tokens "$gen" --repetitions 1 --json 2>/dev/null)
+    python3 -c '
+import json, sys
+print("sparse-decode", json.loads(sys.argv[1])["sparse_decode_tokens_per_s"])
+' "$json" | while read -r what ts; do record "$1" "$2" thermocline "$what" "$ts"; done
+  fi
+}
+
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores;" \
+  "$(date -u +%Y-%m-%dT%H:%MZ); $rounds rounds, llama.cpp then Thermocline in each" >&2
+for round in $(seq "$rounds"); do
+  for model in "$@"; do
+    for t in $threads; do
+      echo "round $round/$rounds: $(basename "$model"), $t threads" >&2
+      llama_round "$model" "$t"
+      thermocline_round "$model" "$t"
+    done
+  done
+done
+
+python3 - "$results" <<'EOF'
+import collections, os, statistics, sys
+runs = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    model, threads, who, what, ts = line.split()
+    runs[(model, int(threads), who, what)].append(float(ts))
+def cell(v):
+    return f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" if v else "-"
+print("| model | threads | figure | llama.cpp tok/s | Thermocline tok/s | ratio |")
+print("|---|---|---|---|---|---|")
+for model, threads in sorted({(k[0], k[1]) for k in runs}):
+    name = os.path.basename(model)
+    for what in ("prefill", "decode", "sparse-decode"):
+        ours = runs.get((model, threads, "thermocline", what), [])
+        if not ours:
+            continue
+        # Sparse decode is compared with what llama.cpp does with the same file: decode it dense.
+        theirs = runs.get((model, threads, "llama.cpp", "decode" if what == "sparse-decode" else what), [])
+        ratio = f"{statistics.median(ours) / statistics.median(theirs):.2f}x" if theirs else "-"
+        print(f"| {name} | {threads} | {what} | {cell(theirs)} | {cell(ours)} | {ratio} |")
+EOF
