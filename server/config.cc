@@ -223,6 +223,8 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   debug.Get<int64_t>("decode_delay_ms", &c->decode_delay_ms);
   debug.Get<int64_t>("prefill_delay_ms", &c->prefill_delay_ms);
   debug.Get<int64_t>("job_stage_delay_ms", &c->job_stage_delay_ms);
+  debug.Get<int64_t>("load_delay_ms", &c->load_delay_ms);
+  debug.Get<std::string>("load_delay_model", &c->load_delay_model);
   if (absl::Status s = debug.Finish(); !s.ok()) return s;
 
   TableReader reg(root["registry"].as_table(), "registry.");
@@ -291,6 +293,7 @@ absl::Status FinalizeConfig(ServerConfig* c) {
         range("debug.decode_delay_ms", c->decode_delay_ms, 0, 60000),
         range("debug.prefill_delay_ms", c->prefill_delay_ms, 0, 60000),
         range("debug.job_stage_delay_ms", c->job_stage_delay_ms, 0, 600000),
+        range("debug.load_delay_ms", c->load_delay_ms, 0, 600000),
         range("registry.jobs", c->jobs, 1, 64),
         range("registry.model_memory_budget", c->model_memory_budget, 0, int64_t{1} << 50),
         range("registry.profile_tokens", c->profile_tokens, 16, int64_t{1} << 30)}) {

@@ -104,9 +104,11 @@ struct ServerConfig {
   std::vector<std::string> allowed_paths;
 
   // [debug]
-  int decode_delay_ms = 0;     // sleep after each token: makes the tiny test models slow
-  int prefill_delay_ms = 0;    // sleep between prefill chunks: makes prefill slow to cancel
-  int job_stage_delay_ms = 0;  // sleep after each job stage: makes jobs slow enough to interrupt
+  int decode_delay_ms = 0;       // sleep after each token: makes the tiny test models slow
+  int prefill_delay_ms = 0;      // sleep between prefill chunks: makes prefill slow to cancel
+  int job_stage_delay_ms = 0;    // sleep after each job stage: makes jobs slow enough to interrupt
+  int load_delay_ms = 0;         // sleep before a model load opens its file: a slow disk
+  std::string load_delay_model;  // the model whose loads sleep so; "": every model
 
   std::vector<ModelConfig> models;  // [[models]]
 };

@@ -68,6 +68,13 @@ absl::Status RunDaemon(const ServerConfig& config) {
   registry_options.max_batch = config.max_batch;
   registry_options.build_threads = config.threads_per_slot;
   registry_options.max_context = config.max_context;
+  if (config.load_delay_ms > 0) {
+    registry_options.before_load = [&config](const ModelConfig& m) {
+      if (config.load_delay_model.empty() || config.load_delay_model == m.name) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(config.load_delay_ms));
+      }
+    };
+  }
   ModelRegistry registry(config.models, registry_options);
   Scheduler scheduler(config, &metrics);
   // Unloaded models leave the idle slots at once (their memory is freed unless a request holds

@@ -61,9 +61,12 @@ class ModelManager::Observer : public ModelJobObserver {
     if (e == nullptr || e->id != id_) return false;  // deleted
     const bool new_stage = e->record.stage != stage;
     if (new_stage) {
-      e->record.stage = stage;
-      if (absl::Status s = m_->PersistLocked(*e); !s.ok()) {
-        spdlog::error("model '{}': {}", name_, std::string(s.message()));
+      ModelRecord next = e->record;
+      next.stage = stage;
+      // A job whose progress cannot be stored stops (its result could not be stored either).
+      if (!m_->CommitJobLocked(*e, std::move(next), "its stage")) {
+        m_->BumpLocked(*e);
+        return false;
       }
     }
     const double elapsed =
@@ -118,6 +121,18 @@ absl::Status ModelManager::PersistLocked(Entry& e) {
   return store_->Update(e.record);
 }
 
+bool ModelManager::CommitJobLocked(Entry& e, ModelRecord next, std::string_view what) {
+  next.updated_at = Now();
+  if (absl::Status s = store_->Update(next); !s.ok()) {
+    e.store_error = absl::StrCat(ToAbsl(what), " could not be stored (", s.message(), ")");
+    spdlog::error("model '{}': the job stopped: {}", e.record.name, e.store_error);
+    return false;
+  }
+  e.record = std::move(next);
+  e.store_error.clear();
+  return true;
+}
+
 void ModelManager::QueueLocked(Entry& e) {
   e.queued = true;
   e.percent = 0;
@@ -145,6 +160,15 @@ ModelInfo ModelManager::InfoLocked(const Entry& e) const {
   info.version = e.version;
   info.gpu_memory = r.gpu_memory;
   info.gpu_layers = r.gpu_layers;
+  if (!e.store_error.empty()) {
+    info.state = ModelState::kFailed;
+    info.last_error =
+        absl::StrCat("the job stopped: ", e.store_error, "; the registry database still says ",
+                     ModelStateName(r.state),
+                     IsSettled(r.state) ? ""
+                                        : ", so the job runs again at the next start (or delete "
+                                          "the model and register it again)");
+  }
   info.mode = "dense";
   if (const ServedModel* m = registry_->Lookup(r.name)) {
     info.mode = m->mode();
@@ -446,16 +470,18 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     Entry* e = FindLocked(name);
     if (e == nullptr || e->id != id) return;
     e->queued = false;
+    e->percent = 0;
+    e->eta_s = -1;
+    ModelRecord next = e->record;
+    next.state = ModelState::kProfiling;
+    next.last_error = "";
+    if (!CommitJobLocked(*e, std::move(next), "its start")) {  // not started: nothing to undo
+      BumpLocked(*e);
+      return;
+    }
     e->running = true;
     e->cancel = std::make_shared<std::atomic<bool>>(false);
     e->job_start = std::chrono::steady_clock::now();
-    e->percent = 0;
-    e->eta_s = -1;
-    e->record.state = ModelState::kProfiling;
-    e->record.last_error = "";
-    if (absl::Status s = PersistLocked(*e); !s.ok()) {
-      spdlog::error("model '{}': {}", name, std::string(s.message()));
-    }
     BumpLocked(*e);
     spec.name = name;
     spec.path = e->record.path;
@@ -518,30 +544,40 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     return;
   }
   e->running = false;
-  if (identity.ok() && e->record.identity.hash.empty()) e->record.identity = *identity;
+  // Stopped because its stage could not be stored: it ends failed, saying so.
+  const std::string store_error = e->store_error;
+  ModelRecord next = e->record;
+  if (identity.ok() && next.identity.hash.empty()) next.identity = *identity;
   if (result.ok()) {
-    e->record.sidecar_path = result->sidecar_path;
-    e->record.placement_json = result->placement.dump();
-    e->record.report_json = result->report.dump();
-    e->record.stage = "done";
-    e->record.state = ModelState::kReady;
-    e->percent = 100;
-    e->eta_s = 0;
-  } else if (absl::IsCancelled(result.status()) && stopping_) {
+    next.sidecar_path = result->sidecar_path;
+    next.placement_json = result->placement.dump();
+    next.report_json = result->report.dump();
+    next.stage = "done";
+    next.state = ModelState::kReady;
+  } else if (absl::IsCancelled(result.status()) && stopping_ && store_error.empty()) {
     // The daemon is stopping: leave the job resumable at the next start.
     spdlog::info("job '{}' interrupted by shutdown; it resumes at the next start", name);
     return;
   } else {
-    e->record.state = ModelState::kFailed;
-    e->record.last_error =
-        absl::IsCancelled(result.status())
-            ? "cancelled; the model is served dense (register it again to profile it)"
-            : std::string(result.status().message());
+    next.state = ModelState::kFailed;
+    if (!store_error.empty()) {
+      next.last_error = absl::StrCat("the job stopped: ", store_error);
+    } else if (absl::IsCancelled(result.status())) {
+      next.last_error = "cancelled; the model is served dense (register it again to profile it)";
+    } else {
+      next.last_error = std::string(result.status().message());
+    }
   }
-  if (absl::Status s = PersistLocked(*e); !s.ok()) {
-    spdlog::error("model '{}': {}", name, std::string(s.message()));
+  // Not stored, the result is not applied either (the model stays dense; the next start runs
+  // the job again): memory says what the database says, and the API says why.
+  if (!CommitJobLocked(*e, std::move(next), result.ok() ? "its result" : "its failure")) {
+    if (!store_error.empty()) e->store_error = store_error;  // the first cause
+    BumpLocked(*e);
+    return;
   }
   if (result.ok()) {
+    e->percent = 100;
+    e->eta_s = 0;
     // Switch the served model to sparse; slots pick it up between requests.
     lock.unlock();
     absl::Status s = registry_->UseSidecar(name, result->sidecar_path);
@@ -549,9 +585,10 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     e = FindLocked(name);
     if (e == nullptr || e->id != id) return;
     if (!s.ok()) {
-      e->record.state = ModelState::kFailed;
-      e->record.last_error = absl::StrCat("the sidecar does not load: ", s.message());
-      PersistLocked(*e).IgnoreError();
+      ModelRecord failed = e->record;
+      failed.state = ModelState::kFailed;
+      failed.last_error = absl::StrCat("the sidecar does not load: ", s.message());
+      CommitJobLocked(*e, std::move(failed), "the failure of its sidecar");
     }
     spdlog::info("model '{}' ready{}: placement {}", name,
                  result->resumed ? " (resumed after the profile)" : "", result->placement.dump());

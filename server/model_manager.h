@@ -4,6 +4,9 @@
 // queues its job; a finished job switches the model to sparse. At start-up the rows come back:
 // ready models with their sidecar, interrupted jobs queued again (they resume after their last
 // finished stage), models half-deleted finished off. `jobs` worker threads run the queue.
+// An entry's record is what the database holds: a job's transition whose write fails is not
+// taken in memory either; the job stops, and the model is reported failed with why (see
+// Entry::store_error) until the next start runs the job again.
 #pragma once
 
 #include <atomic>
@@ -56,12 +59,20 @@ class ModelManager : public ModelAdmin {
     bool queued = false, running = false;
     std::shared_ptr<std::atomic<bool>> cancel;
     std::chrono::steady_clock::time_point job_start;
+    // What of the job's last transition is not in the database, and why (a full disk): the
+    // admin API reports the model failed with it, over the record (which keeps what is stored).
+    // "" when none.
+    std::string store_error;
   };
   class Observer;
 
   ModelInfo InfoLocked(const Entry& e) const;
   void BumpLocked(Entry& e);             // new version, wake watchers
   absl::Status PersistLocked(Entry& e);  // updated_at, store write
+  // A job's transition: `next` becomes e's record once it is stored; when the write fails the
+  // record stays as stored and e.store_error says what could not be stored (`what`). True when
+  // stored.
+  bool CommitJobLocked(Entry& e, ModelRecord next, std::string_view what);
   void QueueLocked(Entry& e);
   Entry* FindLocked(std::string_view name);
   void WorkerMain();

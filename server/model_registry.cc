@@ -274,7 +274,13 @@ absl::StatusOr<int64_t> ChooseContext(const ModelConfig& c, const LlamaHparams& 
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m) {
+absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m,
+                                                                 std::string* sidecar) {
+  if (options_.before_load) options_.before_load(m->config);
+  {
+    std::lock_guard<std::mutex> lock(m->mu_);
+    m->warning_.clear();
+  }
   ModelOptions options;
   if (!m->config.activation.empty()) {
     auto act = ParseActivation(m->config.activation);
@@ -331,26 +337,66 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> ModelRegistry::Load(ServedModel* m)
     const int32_t id = l->encoder->FindControl(text);
     if (id >= 0) l->end_of_turn_tokens.push_back(id);
   }
+  absl::StatusOr<std::optional<SparsePlan>> plan = ResolveSparse(m, *l->model, sidecar);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<std::shared_ptr<const Engine>> engine = BuildEngine(m, *l, *std::move(plan));
+  if (!engine.ok()) return engine.status();
+  l->SetEngine(*std::move(engine));
   return l;
 }
 
-absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
+absl::Status ModelRegistry::LoadLocked(std::unique_lock<std::mutex>& lock, ServedModel* m,
+                                       int64_t need, bool make_room) {
   const auto start = std::chrono::steady_clock::now();
+  m->loading_ = true;
+  m->drop_load_ = false;
   m->state.store(ModelState::kLoading, std::memory_order_release);
-  {
-    std::lock_guard<std::mutex> lock(m->mu_);
-    m->warning_.clear();
+  if (make_room) {
+    bool unloaded = false;
+    // Waiting for another model's load to end (when the budget needs its room) releases the lock.
+    while (!MakeRoomLocked(m, need, &unloaded) && !m->removed.load() && !m->drop_load_) {
+      load_cv_.wait(lock);
+    }
+    if (unloaded) NotifyUnloaded();
   }
-  absl::StatusOr<std::shared_ptr<LoadedModel>> l = Load(m);
+  loading_bytes_ += need;  // reserved until the load ends
+
+  absl::StatusOr<std::shared_ptr<LoadedModel>> l = absl::CancelledError("");
   std::string sidecar;
-  absl::StatusOr<std::optional<SparsePlan>> plan =
-      l.ok() ? ResolveSparse(m, *(*l)->model, &sidecar) : l.status();
-  absl::StatusOr<std::shared_ptr<const Engine>> engine =
-      plan.ok() ? BuildEngine(m, **l, *std::move(plan)) : plan.status();
-  if (!engine.ok()) {
-    const absl::Status& s = engine.status();
+  if (!m->removed.load() && !m->drop_load_) {
+    lock.unlock();  // the file's I/O blocks nobody else
+    l = Load(m, &sidecar);
+    lock.lock();
+  }
+  loading_bytes_ -= need;
+  m->loading_ = false;
+  ++m->loads_ended_;
+  load_cv_.notify_all();
+  if (m->removed.load() || m->drop_load_) {
+    // Deleted or unloaded while it loaded: what the load made is freed (outside the lock) and
+    // its reservation is gone; nothing was published.
+    if (!m->removed.load()) {
+      // kUnloaded, or kUnloading while an instance unloaded before still serves requests (its
+      // end makes it kUnloaded).
+      m->state.store(ModelState::kUnloading, std::memory_order_release);
+      ModelState expected = ModelState::kUnloading;
+      if (m->unloading_.load() == 0) {
+        m->state.compare_exchange_strong(expected, ModelState::kUnloaded);
+      }
+    }
+    lock.unlock();
+    l = absl::CancelledError("");
+    lock.lock();
+    spdlog::info("model '{}': its load was dropped ({} meanwhile)", m->config.name,
+                 m->removed.load() ? "deleted" : "unloaded");
+    return absl::CancelledError(absl::StrCat("model '", m->config.name, "' was ",
+                                             m->removed.load() ? "deleted" : "unloaded",
+                                             " while it loaded"));
+  }
+  if (!l.ok()) {
+    const absl::Status& s = l.status();
     {
-      std::lock_guard<std::mutex> lock(m->mu_);
+      std::lock_guard<std::mutex> model_lock(m->mu_);
       m->error_ = std::string(s.message());
     }
     m->state.store(ModelState::kFailed, std::memory_order_release);
@@ -359,10 +405,10 @@ absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
   }
   (*l)->created = static_cast<int64_t>(std::time(nullptr));
   (*l)->idle_since_.store(std::chrono::steady_clock::now().time_since_epoch().count());
-  (*l)->SetEngine(*engine);
-  const std::shared_ptr<const LoadedModel> loaded = std::move(*l);
+  const std::shared_ptr<const LoadedModel> loaded = *std::move(l);
+  const std::shared_ptr<const Engine> engine = loaded->engine();
   {
-    std::lock_guard<std::mutex> lock(m->mu_);
+    std::lock_guard<std::mutex> model_lock(m->mu_);
     m->loaded_ = loaded;
     m->sidecar_ = sidecar;
     m->error_.clear();
@@ -371,7 +417,7 @@ absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
     }
   }
   m->state.store(ModelState::kReady, std::memory_order_release);
-  const SparsePlan* sparse = (*engine)->sparse_plan();
+  const SparsePlan* sparse = engine->sparse_plan();
   spdlog::info(
       "model '{}' ready: {} layers, vocab {}, context {}, chat template {}, {}{}, {} MiB "
       "({:.2f} s)",
@@ -379,8 +425,8 @@ absl::Status ModelRegistry::LoadOneLocked(ServedModel* m) {
       loaded->n_ctx, loaded->chat_template->name(), m->mode(),
       sparse != nullptr
           ? absl::StrCat(" (", SparseSourceName(sparse->source), sidecar.empty() ? "" : " ",
-                         sidecar, ", ", (*engine)->host_bytes() >> 20,
-                         " MiB of sparse copies replacing ", (*engine)->released_file_bytes() >> 20,
+                         sidecar, ", ", engine->host_bytes() >> 20,
+                         " MiB of sparse copies replacing ", engine->released_file_bytes() >> 20,
                          " MiB of the file's FFN)")
           : "",
       loaded->bytes >> 20,
@@ -409,11 +455,10 @@ void ModelRegistry::UnloadLocked(ServedModel* m, const char* why) {
   l.reset();  // freed here, or by the last slot session or request that holds it
 }
 
-bool ModelRegistry::MakeRoomLocked(const ServedModel* keep, int64_t need) {
-  if (memory_budget_ <= 0) return false;
-  bool unloaded = false;
+bool ModelRegistry::MakeRoomLocked(const ServedModel* keep, int64_t need, bool* unloaded) {
+  if (memory_budget_ <= 0) return true;
   while (true) {
-    int64_t used = 0;
+    int64_t used = loading_bytes_;
     ServedModel* victim = nullptr;
     bool victim_busy = false;
     uint64_t victim_use = 0;
@@ -433,35 +478,32 @@ bool ModelRegistry::MakeRoomLocked(const ServedModel* keep, int64_t need) {
         victim_use = use;
       }
     }
-    if (used + need <= memory_budget_) break;
+    if (used + need <= memory_budget_) return true;
     if (victim == nullptr) {
+      // What loads now becomes a victim once loaded: wait for it.
+      if (loading_bytes_ > 0) return false;
       spdlog::warn(
           "model '{}' alone ({} bytes) exceeds registry.model_memory_budget ({} bytes); loading "
           "it anyway",
           keep->config.name, need, memory_budget_);
-      break;
+      return true;
     }
     UnloadLocked(victim, victim_busy ? "memory budget; every other model is busy"
                                      : "least recently used, memory budget");
-    unloaded = true;
+    *unloaded = true;
   }
-  return unloaded;
 }
 
 void ModelRegistry::NotifyUnloaded() {
   if (unload_listener_) unload_listener_();
 }
 
-void ModelRegistry::EnsureLoadedLocked(ServedModel* m) {
-  if (MakeRoomLocked(m, ModelFileBytes(m->config.path))) NotifyUnloaded();
-  if (absl::Status s = LoadOneLocked(m); !s.ok()) spdlog::error("{}", std::string(s.message()));
-}
-
 absl::Status ModelRegistry::LoadAll() {
   for (ServedModel* m : models()) {
     if (m->registered) continue;
-    std::lock_guard<std::mutex> lock(load_mu_);
-    if (absl::Status s = LoadOneLocked(m); !s.ok()) return s;
+    const int64_t need = ModelFileBytes(m->config.path);
+    std::unique_lock<std::mutex> lock(load_mu_);
+    if (absl::Status s = LoadLocked(lock, m, need, /*make_room=*/false); !s.ok()) return s;
     // Checked; under a budget that the models loaded before it fill, it waits for a request.
     int64_t used = 0;
     for (ServedModel* o : models()) {
@@ -550,14 +592,21 @@ absl::StatusOr<ModelLease> ModelRegistry::FindOrLoad(std::string_view name) {
   if (l != nullptr && FailIfFileChanged(m, l)) return Unservable(name, m);
   if (l == nullptr && started_.load(std::memory_order_acquire)) {
     // Not in memory (registered, unloaded, or failed: its file may have been fixed).
-    std::lock_guard<std::mutex> lock(load_mu_);
-    l = m->loaded();
-    if (l == nullptr && !m->removed.load()) {
-      EnsureLoadedLocked(m);
-      l = m->loaded();
+    const int64_t need = ModelFileBytes(m->config.path);  // a stat: before the lock
+    std::unique_lock<std::mutex> lock(load_mu_);
+    if (m->loading_) {
+      // Another request loads it: this one takes that load's outcome (the wait releases the lock).
+      const uint64_t ended = m->loads_ended_;
+      load_cv_.wait(lock, [&] { return m->loads_ended_ != ended; });
+    } else if (m->loaded() == nullptr && !m->removed.load()) {
+      if (absl::Status s = LoadLocked(lock, m, need, /*make_room=*/true);
+          !s.ok() && !absl::IsCancelled(s)) {
+        spdlog::error("{}", std::string(s.message()));
+      }
     }
+    l = m->loaded();
   }
-  if (l == nullptr) return Unservable(name, m);
+  if (l == nullptr) return Unservable(name, m->removed.load() ? nullptr : m);
   m->last_use.store(use_clock_.fetch_add(1) + 1);
   return ModelLease(std::move(l));
 }
@@ -585,7 +634,7 @@ absl::Status ModelRegistry::Remove(std::string_view name) {
     return absl::NotFoundError(absl::StrCat("model '", ToAbsl(name), "' does not exist"));
   }
   std::lock_guard<std::mutex> lock(load_mu_);
-  m->removed.store(true);
+  m->removed.store(true);  // a load in flight sees it when it ends, and drops what it made
   if (m->loaded() != nullptr) {
     UnloadLocked(m, "deleted");
     NotifyUnloaded();
@@ -598,12 +647,19 @@ absl::Status ModelRegistry::UseSidecar(std::string_view name, const std::string&
   if (m == nullptr) {
     return absl::NotFoundError(absl::StrCat("model '", ToAbsl(name), "' does not exist"));
   }
-  std::lock_guard<std::mutex> load_lock(load_mu_);
-  {
+  std::lock_guard<std::mutex> switch_lock(m->switch_mu_);
+  auto set_pending = [&] {
     std::lock_guard<std::mutex> lock(m->mu_);
     m->pending_sidecar_ = sidecar_path;
+  };
+  std::shared_ptr<const LoadedModel> l;
+  {
+    std::unique_lock<std::mutex> lock(load_mu_);
+    set_pending();
+    // A load in flight may have read the sidecar it replaces: switch what it publishes.
+    load_cv_.wait(lock, [&] { return !m->loading_; });
+    l = m->loaded();
   }
-  const std::shared_ptr<const LoadedModel> l = m->loaded();
   if (l == nullptr) return absl::OkStatus();  // used when it loads
   std::optional<SparsePlan> plan;
   if (!sidecar_path.empty()) {
@@ -613,9 +669,14 @@ absl::Status ModelRegistry::UseSidecar(std::string_view name, const std::string&
   }
   absl::StatusOr<std::shared_ptr<const Engine>> engine = BuildEngine(m, *l, std::move(plan));
   if (!engine.ok()) return engine.status();
-  l->SetEngine(*std::move(engine));
   {
-    std::lock_guard<std::mutex> lock(m->mu_);
+    std::lock_guard<std::mutex> lock(load_mu_);
+    if (m->loaded() != l) {
+      set_pending();  // unloaded meanwhile (which kept its old sidecar): used when it loads
+      return absl::OkStatus();
+    }
+    l->SetEngine(*std::move(engine));
+    std::lock_guard<std::mutex> model_lock(m->mu_);
     m->sidecar_ = sidecar_path;
   }
   if (sidecar_path.empty()) {
@@ -651,6 +712,10 @@ std::optional<std::chrono::steady_clock::time_point> ModelRegistry::ExpiresAt(
 
 bool ModelRegistry::Unload(ServedModel* m, const char* why) {
   std::lock_guard<std::mutex> lock(load_mu_);
+  if (m->loading_) {
+    m->drop_load_ = true;  // the load drops what it made when it ends
+    return true;
+  }
   if (m->loaded() == nullptr) return false;
   UnloadLocked(m, why);
   NotifyUnloaded();

@@ -3,6 +3,9 @@
 // by the admin API, server/model_manager.h) load lazily on their first request. Under a memory
 // budget (registry.model_memory_budget) loading a model first unloads the least recently used
 // others, idle ones before busy ones; any unloaded model loads again on its next request.
+// A load reads its file with no registry-wide lock held (the state lock only marks the model
+// loading and reserves its bytes, then publishes or drops the result), so a slow file holds up
+// only its own model's requests, which wait for its one load.
 //
 // Ownership: a ServedModel is the stable registry entry (never freed while the daemon runs; a
 // removed one stops being found). What one load produced (weights, tokenizer, prompt format) is
@@ -187,6 +190,14 @@ struct ServedModel {
   };
   std::optional<Pin> pinned_;
   std::atomic<int> unloading_{0};  // unloaded instances still alive (in use)
+  // A load in flight, guarded by ModelRegistry::load_mu_ (the load itself reads the file without
+  // it): whether it is to be dropped when it ends (the model was unloaded meanwhile), and how
+  // many loads have ended (their waiters wake on it).
+  bool loading_ = false;
+  bool drop_load_ = false;
+  uint64_t loads_ended_ = 0;
+  // One sidecar switch at a time (UseSidecar); taken before ModelRegistry::load_mu_.
+  std::mutex switch_mu_;
 };
 
 // How the registry builds each model's engine.
@@ -197,6 +208,9 @@ struct RegistryOptions {
   // Context of a model that sets no n_ctx: its training context, at most this (a file may claim
   // millions of positions, whose KV cache no machine holds).
   int64_t max_context = 32768;
+  // Test seam: runs on the loading thread, with no registry lock held, before a load opens the
+  // model's file (the daemon's [debug] load_delay_ms sleeps here). Null: nothing.
+  std::function<void(const ModelConfig&)> before_load;
 };
 
 class ModelRegistry {
@@ -212,8 +226,9 @@ class ModelRegistry {
 
   // For a request: the model's lease, loading it first (on the calling thread, seconds for a
   // large one) when it is not in memory, unloading the least recently used others when the
-  // budget needs room. NotFound for an unknown name, Unavailable while the configured models
-  // load or when it fails to load.
+  // budget needs room. A request that finds the model loading waits for that load instead of
+  // loading it again. NotFound for an unknown name (or one deleted during its load),
+  // Unavailable while the configured models load or when it fails to load.
   absl::StatusOr<ModelLease> FindOrLoad(std::string_view name);
   // Snapshot of the models not removed, in registry order. Thread-safe.
   std::vector<ServedModel*> models() const;
@@ -223,10 +238,13 @@ class ModelRegistry {
   // Run-time changes (the admin API). Add: AlreadyExists when the name is taken. The model
   // starts kUnloaded and loads on its first request.
   absl::StatusOr<ServedModel*> Add(const ModelConfig& config);
-  // Stops finding the model and unloads it (requests in flight finish on it first).
+  // Stops finding the model and unloads it (requests in flight finish on it first); a load of
+  // it in flight is dropped when it ends.
   absl::Status Remove(std::string_view name);
   // Serves `name` sparse from a sidecar (checked against the model when it is loaded, else when
-  // it loads); "" serves it dense again. Slots switch between requests.
+  // it loads); "" serves it dense again. Slots switch between requests. Waits for a load of the
+  // model in flight (and blocks only other switches of this model); reads the sidecar and builds
+  // the engine with no registry lock held.
   absl::Status UseSidecar(std::string_view name, const std::string& sidecar_path);
   // Any state, removed excluded; null when unknown.
   ServedModel* Lookup(std::string_view name) const;
@@ -242,15 +260,16 @@ class ModelRegistry {
   void SetKeepAlive(ServedModel* m, std::chrono::milliseconds keep_alive);
   // When `m` unloads if it stays idle; nullopt when it is not loaded or has no keep_alive.
   std::optional<std::chrono::steady_clock::time_point> ExpiresAt(const ServedModel& m) const;
-  // Unloads `m` now (requests in flight finish on it first); false when it was not loaded.
+  // Unloads `m` now (requests in flight finish on it first); a load of it in flight is dropped
+  // when it ends. False when it was neither loaded nor loading.
   bool Unload(ServedModel* m, const char* why);
   // Stops and joins the idle unloader (before the unload listener's target goes away).
   void StopIdleUnloader();
 
   // Called after models were unloaded (before the model that needed the room loads), so that the
   // owner of the slot sessions drops those of the unloaded models (Scheduler::ReleaseUnloaded)
-  // and their memory is freed. It runs under the registry's load lock: it must not call back
-  // into the registry. Set it before requests arrive.
+  // and their memory is freed. It runs under the registry's state lock: it must not call back
+  // into the registry, nor block. Set it before requests arrive.
   void set_unload_listener(std::function<void()> listener) {
     unload_listener_ = std::move(listener);
   }
@@ -262,18 +281,21 @@ class ModelRegistry {
  private:
   // NotFound or Unavailable (loading, failed) for a model that cannot serve now.
   absl::Status Unservable(std::string_view name, const ServedModel* m) const;
-  absl::StatusOr<std::shared_ptr<LoadedModel>> Load(ServedModel* m);
+  // Everything a load reads: the file (opened, mapped, parsed, its weights checked), the chat
+  // template, the sidecar, the engine built over them. No registry lock held.
+  absl::StatusOr<std::shared_ptr<LoadedModel>> Load(ServedModel* m, std::string* sidecar);
   // Unloads `l`, m's loaded instance, and marks m kFailed when its file changed under it (see
   // CheckFiles). True when it did.
   bool FailIfFileChanged(ServedModel* m, const std::shared_ptr<const LoadedModel>& l);
-  // Load + publish + state transitions + log. load_mu_ held.
-  absl::Status LoadOneLocked(ServedModel* m);
-  // Brings `m` into memory (its still-alive unloaded instance, or a fresh load), first making
-  // room for it. load_mu_ held.
-  void EnsureLoadedLocked(ServedModel* m);
+  // Loads `m` (neither loaded nor loading), `need` bytes: marks it loading and reserves the bytes
+  // (first making room when `make_room`), releases `lock` (load_mu_) for Load, then takes it
+  // again to publish the instance, or to drop it when m was removed or unloaded meanwhile.
+  absl::Status LoadLocked(std::unique_lock<std::mutex>& lock, ServedModel* m, int64_t need,
+                          bool make_room);
   // Unloads the least recently used models other than `keep` until `need` more bytes fit the
-  // budget. True when it unloaded any. load_mu_ held.
-  bool MakeRoomLocked(const ServedModel* keep, int64_t need);
+  // budget beside the loaded models and the loads in flight; sets *unloaded when it unloaded
+  // any. False when `need` fits only once a load in flight has ended. load_mu_ held.
+  bool MakeRoomLocked(const ServedModel* keep, int64_t need, bool* unloaded);
   // Drops the registry's reference to m's instance. load_mu_ held.
   void UnloadLocked(ServedModel* m, const char* why);
   void NotifyUnloaded();
@@ -294,9 +316,14 @@ class ModelRegistry {
   std::atomic<uint64_t> use_clock_{0};
   std::atomic<bool> started_{false};
   std::function<void()> unload_listener_;
-  // Loads, unloads and sidecar switches, one at a time; taken before mu_ and ServedModel::mu_.
+  // The registry's state lock: what is loaded, the loads in flight and their reserved bytes,
+  // unloads. Held only to read or change that state, never across file I/O (a load reads its
+  // file without it), so one slow file blocks nothing but its own model's requests. Taken before
+  // mu_ and ServedModel::mu_.
   std::mutex load_mu_;
-  mutable std::mutex mu_;  // guards models_ (the vector; entries are stable)
+  std::condition_variable load_cv_;  // a load ended (ServedModel::loads_ended_)
+  int64_t loading_bytes_ = 0;        // reserved by the loads in flight; load_mu_
+  mutable std::mutex mu_;            // guards models_ (the vector; entries are stable)
   std::vector<std::unique_ptr<ServedModel>> models_;
 
   std::mutex idle_mu_;  // guards the three below; a leaf lock

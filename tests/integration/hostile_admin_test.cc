@@ -9,9 +9,12 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <thread>
 
 #include "daemon_fixture.h"
 #include "http_client.h"
+#include "registry_test_util.h"
 #include "server/errors.h"
 #include "server/registry_store.h"
 
@@ -140,6 +143,88 @@ TEST_CASE("admin: a delete or cancel on a full disk changes nothing", "[admin][h
   CHECK(cancel.status == 503);
   CHECK(Json(Http(d.port(), "GET", "/admin/models/" + last).body)["state"] == queued["state"]);
   CHECK(Json(Http(d.port(), "GET", "/admin/models").body)["models"].size() == names.size());
+}
+
+// A job's progress written to a full disk: the job stops, the model is reported failed saying
+// its state could not be stored, and memory keeps what the database holds (its last stored
+// stage), from which the next start runs the job again. A job that cannot store its start does
+// not run.
+TEST_CASE("admin: a job whose state cannot be stored stops and says so", "[admin][hostile]") {
+  REQUIRE_STORIES_MODEL();
+  const fs::path state = TempDir() / "job-store.state";
+  fs::remove_all(state);
+  fs::create_directories(state);
+  std::ofstream(state / "hardware.toml") << "[cpu]\nbandwidth_gbps = 10\n";  // nothing measured
+  std::vector<std::string> names;
+  std::string stage;  // the job's stage as the API reported it
+  {
+    // The job sleeps 4 s after each stage; meanwhile the registrations below fill the disk.
+    DaemonProcess d(StateToml(state) + "[debug]\njob_stage_delay_ms = 4000\n", true, 192 << 10);
+    REQUIRE(
+        Http(d.port(), "POST", "/admin/models", Post({{"path", StoriesModel()}, {"name", "job"}}))
+            .status == 201);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    nlohmann::json job;
+    do {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      job = Json(Http(d.port(), "GET", "/admin/models/job").body);
+    } while (job["stage"] != "load" && std::chrono::steady_clock::now() < end);
+    REQUIRE(job["stage"] == "load");
+    REQUIRE(job["state"] == "profiling");
+    bool full = false;
+    for (int i = 0; i < 400 && !full; ++i) {
+      const std::string name = "f" + std::to_string(i);
+      const HttpResponse r =
+          Http(d.port(), "POST", "/admin/models",
+               Post({{"path", TestModelPath("missing-" + std::to_string(i) + ".gguf")},
+                     {"name", name}}));
+      full = r.status == 503;
+      if (r.status == 201) names.push_back(name);
+    }
+    REQUIRE(full);
+    REQUIRE(!names.empty());
+    // Still running (a job of 4 stages sleeps 16 s): its next stage's write meets the full disk.
+    REQUIRE(Json(Http(d.port(), "GET", "/admin/models/job").body)["state"] == "profiling");
+    const nlohmann::json ended = WatchEvents(d.port(), "job").back();
+    INFO(ended.dump());
+    CHECK(ended["state"] == "failed");
+    const std::string error = ended["last_error"];
+    CHECK(error.find("the job stopped: its stage could not be stored") != std::string::npos);
+    CHECK(error.find("registry_unavailable") == std::string::npos);  // words, not codes
+    CHECK(error.find("runs again at the next start") != std::string::npos);
+    stage = ended["stage"];  // checked against the database below
+    // The job queued behind it cannot store its start: it does not run, and says so.
+    nlohmann::json next;
+    const auto next_end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    do {
+      next = Json(Http(d.port(), "GET", "/admin/models/" + names.front()).body);
+      if (next["state"] == "failed") break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (std::chrono::steady_clock::now() < next_end);
+    INFO(next.dump());
+    CHECK(next["state"] == "failed");
+    CHECK(next["last_error"].get<std::string>().find("its start could not be stored") !=
+          std::string::npos);
+    CHECK(Http(d.port(), "GET", "/health").status == 200);
+  }
+  // The database says what memory said, under the failure: the stage it stored last.
+  {
+    auto store = server::RegistryStore::Open(state.string());
+    REQUIRE(store.ok());
+    auto rows = (*store)->LoadAll();
+    REQUIRE(rows.ok());
+    std::map<std::string, server::ModelRecord> by_name;
+    for (const server::ModelRecord& r : *rows) by_name[r.name] = r;
+    REQUIRE(by_name.contains("job"));
+    CHECK(by_name["job"].state == server::ModelState::kProfiling);
+    CHECK(by_name["job"].stage == stage);
+    REQUIRE(by_name.contains(names.front()));
+    CHECK(by_name[names.front()].state == server::ModelState::kRegistered);
+  }
+  // With room again, the next start runs the job again.
+  DaemonProcess d(StateToml(state) + "[debug]\njob_stage_delay_ms = 600000\n");
+  CHECK(d.Log().find("model 'job': its job was interrupted (state profiling, stage '" + stage +
+                     "')") != std::string::npos);
 }
 
 TEST_CASE("registry: a read-only state directory is 503 registry_unavailable", "[admin][hostile]") {

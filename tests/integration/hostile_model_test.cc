@@ -101,6 +101,67 @@ TEST_CASE("a model file replaced by a FIFO blocks nothing", "[hostile][admin]") 
   CHECK(d.Stop(SIGTERM, 15) == 0);
 }
 
+// Item 3, the lock: a model whose load is slow (a slow disk, a huge file: here the debug delay
+// before its file is opened) holds no lock that the admin API, other models' loads or deletes
+// need; deleted while it loads, it is dropped and its request answered.
+TEST_CASE("a slow model load blocks no other request", "[hostile][admin]") {
+  REQUIRE_STORIES_MODEL();
+  const fs::path state = TempDir() / "hostile-slow-load.state";
+  fs::remove_all(state);
+  fs::create_directories(state);
+  // The registrations' jobs stay in their first stage (their results would change what is in
+  // memory), and measure no hardware meanwhile.
+  std::ofstream(state / "hardware.toml") << "[cpu]\nbandwidth_gbps = 10\n";
+  DaemonProcess d(StateToml(state) +
+                  "[debug]\njob_stage_delay_ms = 600000\nload_delay_ms = 6000\n"
+                  "load_delay_model = \"slow\"\n");
+  for (const char* name : {"slow", "other", "gone"}) {
+    REQUIRE(
+        Http(d.port(), "POST", "/admin/models", Post({{"path", StoriesModel()}, {"name", name}}))
+            .status == 201);
+  }
+  REQUIRE(Http(d.port(), "POST", "/v1/completions", Completion("gone", 2)).status == 200);
+  const auto held = Clock::now();
+  auto slow = std::async(std::launch::async, [&] {
+    HttpConnection c(d.port(), 20000);
+    c.Send("POST", "/v1/completions", Completion("slow", 2));
+    return c.ReadResponse();
+  });
+  for (const auto end = Clock::now() + std::chrono::seconds(5);
+       Json(Http(d.port(), "GET", "/v1/models/slow").body)["status"] != "loading";) {
+    REQUIRE(Clock::now() < end);  // its load has begun
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // Each on its own takes milliseconds; the slow load holds for 6 s.
+  auto start = Clock::now();
+  CHECK(Http(d.port(), "GET", "/admin/models").status == 200);
+  CHECK(Http(d.port(), "GET", "/v1/models").status == 200);
+  CHECK(SecondsSince(start) < 2.0);
+  start = Clock::now();
+  CHECK(Http(d.port(), "DELETE", "/admin/models/gone").status == 200);
+  CHECK(SecondsSince(start) < 2.0);
+  start = Clock::now();
+  CHECK(Http(d.port(), "POST", "/v1/completions", Completion("other", 2)).status == 200);
+  CHECK(SecondsSince(start) < 2.0);
+  // Deleted while it loads: the request ends with the model gone, the load is dropped.
+  start = Clock::now();
+  CHECK(Http(d.port(), "DELETE", "/admin/models/slow").status == 200);
+  CHECK(SecondsSince(start) < 2.0);
+  CHECK(SecondsSince(held) < 6.0);  // all of the above while the load was held
+  REQUIRE(slow.wait_for(std::chrono::seconds(15)) == std::future_status::ready);
+  const HttpResponse dropped = slow.get();
+  INFO(dropped.body);
+  CHECK(dropped.status == 404);
+  // In memory: the configured model and "other"; nothing of "slow" or "gone".
+  const std::string metrics = Http(d.port(), "GET", "/metrics").body;
+  INFO(metrics);
+  CHECK(MetricValue(metrics, "thermocline_models_loaded") == 2);
+  CHECK(MetricValue(metrics, "thermocline_model_memory_bytes") ==
+        2 * static_cast<double>(fs::file_size(StoriesModel())));
+  CHECK(d.Log().find("model 'slow': its load was dropped (deleted meanwhile)") !=
+        std::string::npos);
+}
+
 // A configured model loaded from a file that a FIFO then replaces: taken out of service at the
 // next request, and its reload refuses the FIFO without opening it.
 TEST_CASE("a served model whose file becomes a FIFO fails, and only it", "[hostile][server]") {
