@@ -1,4 +1,5 @@
-// The placed MoE FFN: device experts through the device's FFN executor, the rest on the host.
+// The placed MoE FFN: device experts through the device's FFN executor, the rest on the host
+// (a ReLU-family expert over its firing neurons only), prefill batched expert by expert.
 #include "engine/sparse/moe_ffn.h"
 
 #include <algorithm>

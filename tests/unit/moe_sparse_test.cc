@@ -1,7 +1,8 @@
 // Neuron sparsity inside the experts of a ReLU mixture, and its memory: on relu-tiny rewritten as
 // a llama mixture of 4 experts (2 used), the placed MoE FFN's host experts compute only the
 // neurons whose gate fires (engine/sparse/moe_ffn.h) and must give the dense MoE FFN's greedy
-// tokens and logits; the experts' down is held once (the file's pages released once copied as
+// tokens and logits (F32 experts: up to summation order; Q8_0 and Q4_0: within down_t's
+// requantization); the experts' down is held once (the file's pages released once copied as
 // down_t, prefill over the copies), checked on the Rss of the file's mapping in
 // /proc/self/smaps; a SwiGLU mixture copies only its device experts' down.
 #include <algorithm>
@@ -9,13 +10,17 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "bench/cpu_device.h"
 #include "engine/gguf/gguf.h"
+#include "engine/ops/kernels.h"
 #include "engine/runtime/engine.h"
+#include "engine/runtime/perplexity.h"
 #include "model_fixtures.h"
 
 namespace thermocline {
@@ -33,81 +38,101 @@ std::vector<uint8_t> Bytes(const std::vector<float>& v) {
   return b;
 }
 
-// relu-tiny (F32, a trained ReGLU llama) as a mixture of kExperts experts, 2 used, written once
-// per process. Expert 0 is relu-tiny's FFN; expert e > 0 is it with its neurons permuted (gate
-// and up rows, down's columns, one permutation per expert and layer) and its down scaled
-// element-wise by (1 + 0.1·N(0,1)), so experts differ (routing matters) and a row of one
-// expert read with another's index shows. Each expert's gate is relu-tiny's, so its neurons
-// fire as sparsely as relu-tiny's (≈ 84%). The router is N(0, 0.5).
-std::string ReluMoePath() {
-  static const std::string path = [] {
-    auto in = GgufFile::Open(TestModelPath("relu-tiny.f32.gguf"));
-    INFO(in.status().ToString());
-    REQUIRE(in.ok());
-    const GgufFile& f = **in;
-    GgufWriter w;
-    for (const GgufKeyValue& kv : f.metadata()) w.Set(kv.key, kv.value);
-    w.SetUint32("llama.expert_count", kExperts);
-    w.SetUint32("llama.expert_used_count", 2);
-    std::mt19937 rng(24);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (const GgufTensorInfo& t : f.tensors()) {
-      const std::string& name = t.name;
-      if (name.find(".ffn_up.weight") != std::string::npos ||
-          name.find(".ffn_down.weight") != std::string::npos) {
-        continue;  // written with the gate below
-      }
-      const size_t pos = name.find(".ffn_gate.weight");
-      if (pos == std::string::npos) {
-        REQUIRE(w.AddTensor(name, t.type, t.dims, t.data, t.size_bytes).ok());
-        continue;
-      }
-      const std::string blk = name.substr(0, pos);
-      const GgufTensorInfo* up = f.FindTensor(blk + ".ffn_up.weight");
-      const GgufTensorInfo* down = f.FindTensor(blk + ".ffn_down.weight");
-      REQUIRE(up != nullptr);
-      REQUIRE(down != nullptr);
-      REQUIRE(t.type == GgmlType::kF32);
-      const int64_t n_embd = t.dims[0], n_ff = t.dims[1];
-      const float* g = reinterpret_cast<const float*>(t.data);       // (n_ff, n_embd)
-      const float* u = reinterpret_cast<const float*>(up->data);     // (n_ff, n_embd)
-      const float* dn = reinterpret_cast<const float*>(down->data);  // (n_embd, n_ff)
-      std::vector<float> gate_exps(kExperts * n_ff * n_embd), up_exps(gate_exps.size());
-      std::vector<float> down_exps(kExperts * n_embd * n_ff);
-      std::vector<int32_t> perm(n_ff);
-      for (int64_t e = 0; e < kExperts; ++e) {
-        for (int64_t i = 0; i < n_ff; ++i) perm[i] = static_cast<int32_t>(i);
-        if (e > 0) std::shuffle(perm.begin(), perm.end(), rng);
-        for (int64_t i = 0; i < n_ff; ++i) {
-          std::copy_n(g + perm[i] * n_embd, n_embd, gate_exps.data() + (e * n_ff + i) * n_embd);
-          std::copy_n(u + perm[i] * n_embd, n_embd, up_exps.data() + (e * n_ff + i) * n_embd);
-        }
-        for (int64_t r = 0; r < n_embd; ++r) {
-          for (int64_t i = 0; i < n_ff; ++i) {
-            const float scale = e > 0 ? 1.0f + 0.1f * normal(rng) : 1.0f;
-            down_exps[(e * n_embd + r) * n_ff + i] = dn[r * n_ff + perm[i]] * scale;
-          }
-        }
-      }
-      std::vector<float> router(kExperts * n_embd);
-      for (float& v : router) v = 0.5f * normal(rng);
-      REQUIRE(w.AddTensorCopy(blk + ".ffn_gate_inp.weight", GgmlType::kF32, {n_embd, kExperts},
-                              Bytes(router))
-                  .ok());
-      REQUIRE(w.AddTensorCopy(blk + ".ffn_gate_exps.weight", GgmlType::kF32,
-                              {n_embd, n_ff, kExperts}, Bytes(gate_exps))
-                  .ok());
-      REQUIRE(w.AddTensorCopy(blk + ".ffn_up_exps.weight", GgmlType::kF32, {n_embd, n_ff, kExperts},
-                              Bytes(up_exps))
-                  .ok());
-      REQUIRE(w.AddTensorCopy(blk + ".ffn_down_exps.weight", GgmlType::kF32,
-                              {n_ff, n_embd, kExperts}, Bytes(down_exps))
-                  .ok());
+// v: (rows, cols) as rows of `type`.
+std::vector<uint8_t> Quantized(const std::vector<float>& v, int64_t cols, GgmlType type) {
+  if (type == GgmlType::kF32) return Bytes(v);
+  const TypeKernels* k = KernelsFor(type, Isa::kScalar);
+  REQUIRE(k != nullptr);
+  const int64_t rows = static_cast<int64_t>(v.size()) / cols;
+  const size_t row_bytes = RowBytes(type, cols);
+  std::vector<uint8_t> b(rows * row_bytes);
+  for (int64_t r = 0; r < rows; ++r)
+    k->from_float(v.data() + r * cols, b.data() + r * row_bytes, cols);
+  return b;
+}
+
+// relu-tiny (F32, a trained ReGLU llama) as a mixture of kExperts experts, 2 used. Expert 0 is
+// relu-tiny's FFN; expert e > 0 is it with its neurons permuted (gate and up rows, down's
+// columns, one permutation per expert and layer) and its down scaled element-wise by
+// (1 + 0.1·N(0,1)), so experts differ (routing matters) and a row of one expert read with
+// another's index shows. Each expert's gate is relu-tiny's, so its neurons fire as sparsely as
+// relu-tiny's (≈ 84%). The router is N(0, 0.5). The experts' tensors are of `type` (relu-tiny's
+// F32 quantized), the rest stays F32.
+std::string WriteReluMoe(GgmlType type) {
+  auto in = GgufFile::Open(TestModelPath("relu-tiny.f32.gguf"));
+  INFO(in.status().ToString());
+  REQUIRE(in.ok());
+  const GgufFile& f = **in;
+  GgufWriter w;
+  for (const GgufKeyValue& kv : f.metadata()) w.Set(kv.key, kv.value);
+  w.SetUint32("llama.expert_count", kExperts);
+  w.SetUint32("llama.expert_used_count", 2);
+  std::mt19937 rng(24);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const GgufTensorInfo& t : f.tensors()) {
+    const std::string& name = t.name;
+    if (name.find(".ffn_up.weight") != std::string::npos ||
+        name.find(".ffn_down.weight") != std::string::npos) {
+      continue;  // written with the gate below
     }
-    const std::string out = (testing::TempDir() / "relu-tiny-moe.gguf").string();
-    REQUIRE(w.Write(out).ok());
-    return out;
-  }();
+    const size_t pos = name.find(".ffn_gate.weight");
+    if (pos == std::string::npos) {
+      REQUIRE(w.AddTensor(name, t.type, t.dims, t.data, t.size_bytes).ok());
+      continue;
+    }
+    const std::string blk = name.substr(0, pos);
+    const GgufTensorInfo* up = f.FindTensor(blk + ".ffn_up.weight");
+    const GgufTensorInfo* down = f.FindTensor(blk + ".ffn_down.weight");
+    REQUIRE(up != nullptr);
+    REQUIRE(down != nullptr);
+    REQUIRE(t.type == GgmlType::kF32);
+    const int64_t n_embd = t.dims[0], n_ff = t.dims[1];
+    const float* g = reinterpret_cast<const float*>(t.data);       // (n_ff, n_embd)
+    const float* u = reinterpret_cast<const float*>(up->data);     // (n_ff, n_embd)
+    const float* dn = reinterpret_cast<const float*>(down->data);  // (n_embd, n_ff)
+    std::vector<float> gate_exps(kExperts * n_ff * n_embd), up_exps(gate_exps.size());
+    std::vector<float> down_exps(kExperts * n_embd * n_ff);
+    std::vector<int32_t> perm(n_ff);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      for (int64_t i = 0; i < n_ff; ++i) perm[i] = static_cast<int32_t>(i);
+      if (e > 0) std::shuffle(perm.begin(), perm.end(), rng);
+      for (int64_t i = 0; i < n_ff; ++i) {
+        std::copy_n(g + perm[i] * n_embd, n_embd, gate_exps.data() + (e * n_ff + i) * n_embd);
+        std::copy_n(u + perm[i] * n_embd, n_embd, up_exps.data() + (e * n_ff + i) * n_embd);
+      }
+      for (int64_t r = 0; r < n_embd; ++r) {
+        for (int64_t i = 0; i < n_ff; ++i) {
+          const float scale = e > 0 ? 1.0f + 0.1f * normal(rng) : 1.0f;
+          down_exps[(e * n_embd + r) * n_ff + i] = dn[r * n_ff + perm[i]] * scale;
+        }
+      }
+    }
+    std::vector<float> router(kExperts * n_embd);
+    for (float& v : router) v = 0.5f * normal(rng);
+    REQUIRE(w.AddTensorCopy(blk + ".ffn_gate_inp.weight", GgmlType::kF32, {n_embd, kExperts},
+                            Bytes(router))
+                .ok());
+    REQUIRE(w.AddTensorCopy(blk + ".ffn_gate_exps.weight", type, {n_embd, n_ff, kExperts},
+                            Quantized(gate_exps, n_embd, type))
+                .ok());
+    REQUIRE(w.AddTensorCopy(blk + ".ffn_up_exps.weight", type, {n_embd, n_ff, kExperts},
+                            Quantized(up_exps, n_embd, type))
+                .ok());
+    REQUIRE(w.AddTensorCopy(blk + ".ffn_down_exps.weight", type, {n_ff, n_embd, kExperts},
+                            Quantized(down_exps, n_ff, type))
+                .ok());
+  }
+  const std::string out =
+      (testing::TempDir() / absl::StrCat("relu-tiny-moe.", TypeName(type), ".gguf")).string();
+  REQUIRE(w.Write(out).ok());
+  return out;
+}
+
+// WriteReluMoe's file, written once per process and type.
+std::string ReluMoePath(GgmlType type = GgmlType::kF32) {
+  static std::map<GgmlType, std::string> paths;
+  std::string& path = paths[type];
+  if (path.empty()) path = WriteReluMoe(type);
   return path;
 }
 
@@ -193,6 +218,54 @@ TEST_CASE("a ReLU mixture's host experts compute only their firing neurons, with
   INFO("neurons computed past the gate: " << computed);
   CHECK(computed > 0.0);
   CHECK(computed < 0.5);
+}
+
+// Quantized experts: the firing-neuron path's down is an axpy over down_t, which TransposeWeight
+// requantizes along the other axis (docs/types.md: Q8_0 and Q4_0 into their own type), while the
+// dense path's mat-vec rounds the activations to 8 bits. So the two differ by those roundings, not
+// only by summation order, and perplexity is what must stay (as for the sparse FFN's oracle run,
+// docs/types.md). Bounds: Q8_0's second rounding is at most half a step of 1/127 of a block's
+// largest weight (~0.4%, the same size as the dense path's 8-bit activations): logits within
+// 1e-2 relative, perplexity within 0.1%, and the greedy tokens equal on this trained model.
+// Q4_0's second rounding is half a step of 1/8: logits within 5e-2, perplexity within 1% (its
+// greedy tokens may leave dense's at a near tie, so they are not compared).
+TEST_CASE("quantized ReLU experts: firing neurons only, within the roundings of dense",
+          "[moe][sparse]") {
+  const std::string text = testing::ReadTextFile(TestModelPath("stories260K.ppl-sample.txt"));
+  const nlohmann::json ref = testing::LoadReference("relu-tiny.reference.json");
+  struct Case {
+    GgmlType type;
+    double logits, ppl;
+    bool same_tokens;
+  };
+  for (const Case& c :
+       {Case{GgmlType::kQ8_0, 1e-2, 1e-3, true}, Case{GgmlType::kQ4_0, 5e-2, 1e-2, false}}) {
+    INFO(TypeName(c.type));
+    const LlamaModel& m = CachedModel(ReluMoePath(c.type));
+    REQUIRE(m.layers()[0].expert_down[0].type == c.type);
+    ThreadPool pool(2);
+    EngineOptions per_token = Options();
+    per_token.dense_prefill = false;  // every token through the firing-neuron path
+    auto dense = NewEngineSession(m, std::nullopt, pool, per_token);
+    auto sparse = NewEngineSession(m, HostPlan(m), pool, per_token);
+    REQUIRE(sparse->engine().expert_weights()->sparse_host());
+    auto ppl_dense = ComputePerplexity(dense->session(), text, 128);
+    auto ppl_sparse = ComputePerplexity(sparse->session(), text, 128);
+    REQUIRE(ppl_dense.ok());
+    REQUIRE(ppl_sparse.ok());
+    INFO("perplexity dense " << ppl_dense->ppl << ", sparse " << ppl_sparse->ppl);
+    CHECK(std::fabs(ppl_sparse->ppl / ppl_dense->ppl - 1.0) <= c.ppl);
+    for (const nlohmann::json& pr : ref["prompts"]) {
+      const std::vector<int32_t> ids = pr["prompt_ids"].get<std::vector<int32_t>>();
+      INFO("prompt '" << pr["prompt"].get<std::string>() << "'");
+      CHECK(MaxRelDiff(AllLogits(sparse->session(), ids), AllLogits(dense->session(), ids)) <=
+            c.logits);
+      if (c.same_tokens) {
+        CHECK(testing::GreedyIds(sparse->session(), ids, 16) ==
+              testing::GreedyIds(dense->session(), ids, 16));
+      }
+    }
+  }
 }
 
 TEST_CASE("ReLU experts split between the stand-in device and sparse host experts",
