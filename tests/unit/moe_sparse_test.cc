@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "allocation_count.h"
 #include "bench/cpu_device.h"
 #include "engine/gguf/gguf.h"
 #include "engine/ops/kernels.h"
@@ -218,6 +219,28 @@ TEST_CASE("a ReLU mixture's host experts compute only their firing neurons, with
   INFO("neurons computed past the gate: " << computed);
   CHECK(computed > 0.0);
   CHECK(computed < 0.5);
+}
+
+TEST_CASE("a decode step through sparse ReLU experts allocates nothing", "[moe][sparse]") {
+#if THERMOCLINE_COUNT_ALLOCATIONS
+  const LlamaModel& m = CachedModel(ReluMoePath());
+  ThreadPool pool(2);
+  auto sparse = NewEngineSession(m, HostPlan(m), pool, Options());
+  Session& s = sparse->session();
+  const std::vector<int32_t> prompt = {1, 403, 261, 290, 7, 45, 300, 41, 17, 260, 33};
+  REQUIRE(s.Eval(prompt).ok());
+  const int64_t n_vocab = m.hparams().n_vocab;
+  const int64_t before = testing::AllocationCount();
+  for (int i = 0; i < 8; ++i) {
+    const float* l = s.logits();
+    const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+    REQUIRE(s.Eval({&next, 1}).ok());
+  }
+  CHECK(testing::AllocationCount() == before);
+  CHECK(sparse->moe()->host_expert_calls() > 0);
+#else
+  THERMOCLINE_SKIP("allocation counting is off under sanitizers");
+#endif
 }
 
 // Quantized experts: the firing-neuron path's down is an axpy over down_t, which TransposeWeight
