@@ -1,8 +1,10 @@
-// bench on a mixture of experts: decode tokens/s of the same model three ways in one run, the
+// bench on a mixture of experts: decode tokens/s of the same model several ways in one run, the
 // runs interleaved and their medians printed — every expert of every token computed (the
-// mixture as one dense FFN), the routed experts only, all on the CPU, and the sidecar's expert
-// placement (its experts on the device under --gpu-memory, the rest on the CPU). How many of
-// each way's greedy tokens equal the routed run's is printed beside its speed.
+// mixture as one dense FFN), the routed experts only, dense, all on the CPU, for a ReLU-family
+// mixture the routed experts computing only their firing neurons (engine/sparse/moe_ffn.h), and
+// the sidecar's expert placement (its experts on the device under --gpu-memory, the rest on the
+// CPU, sparse where the activation allows). How many of each way's greedy tokens equal the
+// routed run's is printed beside its speed.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -80,7 +82,8 @@ int RunBenchMoe(const Args& args, const LlamaModel& model, int64_t prompt_tokens
   static const CpuStandInDevice stand_in_device;
   const bool stand_in = args.Has("--stand-in");
 
-  std::vector<Way> ways(3);
+  const bool sparse_experts = GateDecides(h.activation);
+  std::vector<Way> ways(sparse_experts ? 4 : 3);
   auto make = [&](Way& w, std::optional<SparsePlan> p, EngineOptions o) -> absl::Status {
     absl::StatusOr<std::shared_ptr<const Engine>> e = Engine::Create(model, std::move(p), o, pool);
     if (!e.ok()) return e.status();
@@ -95,11 +98,17 @@ int RunBenchMoe(const Args& args, const LlamaModel& model, int64_t prompt_tokens
   ways[1].label = absl::StrCat("routed, ", h.n_expert_used, " of ", h.n_expert, " experts, CPU");
   if (absl::Status s = make(ways[0], copy(**plan), all); !s.ok()) return Fail("bench", s);
   if (absl::Status s = make(ways[1], std::nullopt, base); !s.ok()) return Fail("bench", s);
+  if (sparse_experts) {
+    ways[2].label = "routed, firing neurons only, CPU";
+    if (absl::Status s = make(ways[2], copy(**plan), base); !s.ok()) return Fail("bench", s);
+  }
   EngineOptions placed = base;
   if (absl::Status s = GpuOptionsFromArgs(args, &placed); !s.ok()) return Fail("bench", s, true);
   if (stand_in) placed.device = &stand_in_device;
-  if (absl::Status s = make(ways[2], *std::move(plan), placed); !s.ok()) return Fail("bench", s);
-  const EnginePlacement& p = ways[2].session->placement();
+  if (absl::Status s = make(ways.back(), *std::move(plan), placed); !s.ok()) {
+    return Fail("bench", s);
+  }
+  const EnginePlacement& p = ways.back().session->placement();
   if (p.gpu_experts == 0) {
     ways.pop_back();  // nothing placed on a device: it would be the routed CPU run again
     std::fprintf(stderr,
@@ -107,7 +116,7 @@ int RunBenchMoe(const Args& args, const LlamaModel& model, int64_t prompt_tokens
                  "--gpu-memory)\n",
                  p.note.empty() ? "no experts on a device" : p.note.c_str());
   } else {
-    ways[2].label = absl::StrCat(
+    ways.back().label = absl::StrCat(
         "placed, ", p.gpu_experts, " of ", p.experts, " experts on ",
         stand_in ? "the CPU stand-in device (a CPU, not a GPU: its speed says nothing of one)"
                  : p.device);

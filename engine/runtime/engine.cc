@@ -59,7 +59,8 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Create(const LlamaModel& m
   std::shared_ptr<Engine> engine(new Engine(model, std::move(plan), options, n_ctx));
   if (engine->plan_.has_value() && h.is_moe()) {
     absl::StatusOr<std::shared_ptr<const ExpertWeights>> experts =
-        ExpertWeights::Build(model, std::move(layers), build_pool);
+        ExpertWeights::Build(model, std::move(layers), build_pool,
+                             /*sparse_host=*/!options.moe_all_experts);
     if (!experts.ok()) return experts.status();
     engine->experts_ = *std::move(experts);
   } else if (engine->plan_.has_value()) {
@@ -204,6 +205,7 @@ MoeFfnOptions Engine::ExpertOptions(bool on_device, gpu::Queue* queue) const {
   MoeFfnOptions o;
   o.dense_prefill = options_.dense_prefill;
   o.all_experts = options_.moe_all_experts;
+  o.max_batch = options_.max_batch;
   if (on_device) {
     o.device = &device();
     o.budget = budget_.get();
@@ -230,7 +232,6 @@ absl::Status Engine::AttachExperts(EngineSession* s, ThreadPool* pool) const {
   }
   s->session_->set_ffn_backend(nullptr);
   s->moe_ = *std::move(moe);
-  s->moe_->set_session(s->session_.get());
   s->session_->set_ffn_backend(s->moe_.get());
   p.device = placement_.device;
   p.gpu_experts = placement_.gpu_experts;
@@ -273,7 +274,6 @@ absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* po
         MoeFfn::Create(experts_, pool, ExpertOptions(/*on_device=*/false, nullptr));
     if (!moe.ok()) return moe.status();
     s->moe_ = *std::move(moe);
-    s->moe_->set_session(s->session_.get());
     s->session_->set_ffn_backend(s->moe_.get());
   }
   if (use_device_) {

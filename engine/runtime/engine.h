@@ -62,7 +62,9 @@ struct EngineOptions {
   int device_index = 0;
   const gpu::Device* device = nullptr;  // nullptr: the CUDA backend (gpu::CudaDevice())
   // A mixture of experts with a plan: every expert of every token computed on the host (those
-  // not routed to weighted 0), the cost of the mixture as one dense FFN. bench's reference only.
+  // not routed to weighted 0), dense over the file's weights, the cost of the mixture as one
+  // dense FFN. bench's reference only. Otherwise a ReLU-family mixture's host experts compute
+  // only their firing neurons (engine/sparse/moe_ffn.h).
   bool moe_all_experts = false;
 
   bool gpu_requested() const { return gpu_memory > 0 || gpu_layers != kNoGpuLayers; }
@@ -130,9 +132,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
            (experts_ != nullptr ? experts_->bytes() : 0);
   }
   // Of the model's mapped file, the FFN pages the sparse copies replaced (released once
-  // copied: SparseWeights).
+  // copied: SparseWeights, ExpertWeights).
   uint64_t released_file_bytes() const {
-    return weights_ != nullptr ? weights_->released_file_bytes() : 0;
+    return (weights_ != nullptr ? weights_->released_file_bytes() : 0) +
+           (experts_ != nullptr ? experts_->released_file_bytes() : 0);
   }
 
  private:

@@ -2,13 +2,18 @@
 // placement (a sidecar's, offline/solver/placement.h) puts the experts most often routed to on
 // the device; per token and layer the router picks its k experts, those on the device are
 // computed there (each expert one layer of the device's FFN executor, engine/gpu/
-// gpu_ffn_executor.h, holding all its neurons, no predictor), the others on the host with the
-// dense operators, concurrently, and the router-weighted outputs are summed:
-//   xn ─► router (host) ─► top-k ─┬─► device experts: Launch ... Wait  ─┐
-//                                 └─► host experts: gate, up, act, down ┴─► Σ w_e · expert_e
-// On the device the down projection is an axpy over down_t rows that skips exact zeros, so a
-// ReLU-family expert computes only its firing neurons there. ExpertWeights holds what sessions
-// share (the device experts' down_t); MoeFfn is one session's FFN backend.
+// gpu_ffn_executor.h, holding all its neurons, no predictor), the others on the host,
+// concurrently, and the router-weighted outputs are summed:
+//   xn ─► router (host) ─► top-k ─┬─► device experts: Launch ... Wait             ─┐
+//                                 └─► host experts: gate, up, act, axpy over down_t ┴─► Σ w_e·y_e
+// down_t (down's columns as rows) is copied once per engine for the experts that use it: those
+// on the device, and in a ReLU-family model every expert, whose host computation then skips the
+// neurons that do not fire, exactly: the gate of every neuron, then up rows and down_t rows of
+// those whose gate > 0 only (no predictor). Once copied, the file's mapped pages of those
+// experts' down are released (GgufFile::ReleasePages) and nothing reads them again (prefill
+// goes over the copies too), so such a model holds its experts once. gate and up are read in
+// place from the file. ExpertWeights holds what sessions share; MoeFfn is one session's FFN
+// backend.
 #pragma once
 
 #include <cstdint>
@@ -21,21 +26,25 @@
 #include "engine/gpu/gpu_memory.h"
 #include "engine/model/ffn_backend.h"
 #include "engine/model/llama_model.h"
-#include "engine/model/session.h"
 #include "engine/ops/weight_layout.h"
+#include "engine/sparse/sparse_ops.h"
 #include "engine/sparse/sparse_plan.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline {
 
-// The experts' placement and the device experts' transposed down projections, built once per
-// engine and shared read-only by its sessions.
+// The experts' placement and the experts' transposed down projections, built once per engine
+// and shared read-only by its sessions.
 class ExpertWeights {
  public:
   // layers: the plan's (n_layer); their device_experts must be distinct ids < n_expert.
-  // FailedPrecondition for a model without experts.
+  // sparse_host: a ReLU-family model's host experts compute only their firing neurons (every
+  // expert's down_t is copied); false, or another activation (or up rows of a type without
+  // row-sparse kernels): host experts are dense over the file's weights and only the device
+  // experts' down_t is copied. FailedPrecondition for a model without experts.
   static absl::StatusOr<std::shared_ptr<const ExpertWeights>> Build(
-      const LlamaModel& model, std::vector<SparseLayerPlan> layers, ThreadPool& pool);
+      const LlamaModel& model, std::vector<SparseLayerPlan> layers, ThreadPool& pool,
+      bool sparse_host = true);
 
   const LlamaModel& model() const { return model_; }
   const std::vector<SparseLayerPlan>& plan() const { return plan_; }
@@ -45,11 +54,23 @@ class ExpertWeights {
   int32_t slot(int64_t layer, int64_t expert) const {
     return slot_[layer * model_.hparams().n_expert + expert];
   }
+  // The copy of expert `expert`'s down transposed, (n_ff_exp, n_embd); nullptr when it has
+  // none (its down is read from the file).
+  const WeightView* down_t(int64_t layer, int64_t expert) const {
+    const OwnedWeight& w = down_t_[layer * model_.hparams().n_expert + expert];
+    return w.view.data != nullptr ? &w.view : nullptr;
+  }
+  // Whether host experts compute only their firing neurons (Build's sparse_host, granted).
+  bool sparse_host() const { return sparse_host_; }
+  // 0 .. n_ff_exp - 1: the down_t rows of a dense expert.
+  const std::vector<int32_t>& all_neurons() const { return all_neurons_; }
   // The device executor's spec: one executor layer per device expert, in (layer, expert)
   // order; its views point into the model and into this object.
   gpu::GpuFfnSpec DeviceSpec() const;
   // RAM held beyond the model's mapped file (the down_t copies).
   uint64_t bytes() const;
+  // Bytes of the model file's mapped pages of down released once the copies were made.
+  uint64_t released_file_bytes() const { return released_file_bytes_; }
 
  private:
   explicit ExpertWeights(const LlamaModel& model) : model_(model) {}
@@ -57,15 +78,23 @@ class ExpertWeights {
   std::vector<SparseLayerPlan> plan_;
   std::vector<int32_t> slot_;                       // (n_layer, n_expert)
   std::vector<std::pair<int64_t, int64_t>> owner_;  // per slot: (layer, expert)
-  std::vector<OwnedWeight> down_t_;                 // per slot: (n_ff_exp, n_embd)
+  std::vector<OwnedWeight> down_t_;                 // (n_layer, n_expert): (n_ff_exp, n_embd)
   std::vector<int32_t> all_neurons_;                // 0 .. n_ff_exp - 1
+  bool sparse_host_ = false;
+  uint64_t released_file_bytes_ = 0;
 };
 
 struct MoeFfnOptions {
-  // Prompts of more than one token through the session's dense MoE FFN.
+  // Prompts of more than one token (up to max_batch) batched expert by expert, each routed
+  // expert's weights read once per chunk: gate and up of all its neurons, down over its down_t
+  // copy (zero activations skipped) where it has one. false: token by token.
   bool dense_prefill = true;
-  // Every expert of every token on the host, those the router did not pick weighted 0: the cost
-  // of running the mixture as one dense FFN (bench's "dense all experts"), the same outputs.
+  int64_t max_batch = 1;  // the session's prefill chunk
+  // Every expert of every token on the host, dense over the file's weights, those the router did
+  // not pick weighted 0: the cost of running the mixture as one dense FFN (bench's "dense all
+  // experts"), the same outputs. bench's reference only: it reads the file's down even where a
+  // copy replaced it (the engine builds its ExpertWeights with sparse_host false for it, so only
+  // the device experts' pages come back).
   bool all_experts = false;
   const gpu::Device* device = nullptr;  // nullptr: every expert on the host
   gpu::MemoryBudget* budget = nullptr;  // the engine's; nullptr: gpu_memory of its own
@@ -82,8 +111,6 @@ class MoeFfn : public FfnBackend {
   static absl::StatusOr<std::unique_ptr<MoeFfn>> Create(
       std::shared_ptr<const ExpertWeights> weights, ThreadPool* pool, const MoeFfnOptions& options);
 
-  // The session whose dense MoE FFN runs prefill (dense_prefill).
-  void set_session(Session* session) { session_ = session; }
   void Forward(int layer, const float* x, const float* xn, int64_t n_tokens, float* out) override;
 
   bool on_device() const { return executor_ != nullptr && !device_failed_; }
@@ -93,33 +120,49 @@ class MoeFfn : public FfnBackend {
   // Routed experts computed per place since creation (decode tokens and unbatched prefill).
   int64_t device_expert_calls() const { return device_calls_; }
   int64_t host_expert_calls() const { return host_calls_; }
+  // Of those host experts' neurons, the ones computed past the gate (sparse_host: the firing
+  // ones; else all).
+  int64_t host_expert_neurons() const { return host_neurons_; }
 
  private:
   MoeFfn(std::shared_ptr<const ExpertWeights> weights, ThreadPool* pool,
          const MoeFfnOptions& options);
   // out: (n_embd) = the layer's FFN of one token.
   void Token(int layer, const float* xn, float* out);
+  // out: (n, n_embd) = the layer's FFN of n <= max_batch tokens, expert by expert.
+  void Prefill(int layer, const float* xn, int64_t n, float* out);
   // acc += w · expert e of `layer` on xn, on the host.
   void HostExpert(int layer, int64_t e, const float* xn, float w, float* acc);
+  // acc += w · expert e of `layer` on xn, dense over the file's gate, up and down.
+  void FileExpert(int layer, int64_t e, const float* xn, float w, float* acc);
+  // out: (n, n_embd) += the shared expert (qwen2moe) of n tokens, scaled by its sigmoid gate.
+  void SharedExpert(int layer, const float* xn, int64_t n, float* out);
 
   std::shared_ptr<const ExpertWeights> weights_;
   const LlamaModel& model_;
   ThreadPool* pool_;
   const MoeFfnOptions options_;
-  Session* session_ = nullptr;
+  const Isa isa_ = BestIsa();
   std::unique_ptr<gpu::GpuFfnExecutor> executor_;
   absl::Status device_status_ = absl::FailedPreconditionError("no device requested");
   bool device_failed_ = false;
-  int64_t device_calls_ = 0, host_calls_ = 0;
+  int64_t device_calls_ = 0, host_calls_ = 0, host_neurons_ = 0;
 
-  // Per-token buffers, sized at creation.
-  std::vector<float> router_;     // (n_expert)
-  std::vector<int32_t> sel_;      // (n_expert_used)
-  std::vector<float> sel_w_;      // (n_expert_used)
-  std::vector<float> gate_, up_;  // (widest expert)
-  std::vector<float> eo_;         // (n_embd) one expert's output
+  // Buffers sized at creation: one token's, or a prefill chunk's (max_batch rows).
+  std::vector<float> router_;     // (max_batch, n_expert)
+  std::vector<int32_t> sel_;      // (max_batch, n_expert_used)
+  std::vector<float> sel_w_;      // (max_batch, n_expert_used)
+  std::vector<int32_t> tok_;      // (max_batch) the chunk's tokens routed to one expert
+  std::vector<float> tok_w_;      // (max_batch) their weights
+  std::vector<float> xg_;         // (max_batch, n_embd) their inputs
+  std::vector<float> gate_, up_;  // (max_batch, widest expert)
+  std::vector<float> eo_;         // (max_batch, n_embd) one expert's outputs
   std::vector<float> dev_out_;    // (n_embd) a device expert's output
+  std::vector<int32_t> idx_;      // (n_ff_exp) a host expert's firing neurons
+  std::vector<uint8_t> x_up_;     // xn prepared for the up rows' dots
   MatMulScratch scratch_;
+  SparseScratch sparse_scratch_;
+  AxpyTokensScratch axpy_tokens_;
 };
 
 }  // namespace thermocline

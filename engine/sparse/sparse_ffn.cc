@@ -13,11 +13,6 @@
 namespace thermocline {
 
 namespace {
-// Activations that are zero wherever the gate is <= 0 (ReGLU, dReLU).
-bool GateDecides(FfnActivation a) {
-  return a == FfnActivation::kRelu || a == FfnActivation::kDRelu;
-}
-
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }

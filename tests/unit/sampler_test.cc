@@ -3,54 +3,18 @@
 #include "engine/sampling/sampler.h"
 
 #include <algorithm>
-#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
-#include <new>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "allocation_count.h"
 #include "test_util.h"
-
-// Counts every (non-aligned) operator new in this binary so a test can assert that Sample() does
-// not allocate. Sanitizers interpose on new/delete themselves, so there the replacement is left
-// out and that test only runs in plain builds.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define THERMOCLINE_COUNT_ALLOCATIONS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define THERMOCLINE_COUNT_ALLOCATIONS 0
-#endif
-#endif
-#ifndef THERMOCLINE_COUNT_ALLOCATIONS
-#define THERMOCLINE_COUNT_ALLOCATIONS 1
-#endif
-
-#if THERMOCLINE_COUNT_ALLOCATIONS
-namespace {
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-
-// Same pairing as libstdc++'s defaults (malloc/free); the array and nothrow forms forward here.
-// GCC flags free() of operator new's memory once these inline into callers; here it is the
-// intended pairing.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t size) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
-#endif
 
 namespace thermocline {
 namespace {
@@ -623,9 +587,9 @@ TEST_CASE("Sample does not allocate", "[sampler]") {
   configs[3].top_p = 1.0f;
   for (const SamplingParams& p : configs) {
     Sampler sampler(p, vocab);
-    const int64_t before = g_allocations.load();
+    const int64_t before = testing::AllocationCount();
     for (int i = 0; i < 20; ++i) sampler.Sample(logits.data(), history);
-    CHECK(g_allocations.load() == before);
+    CHECK(testing::AllocationCount() == before);
   }
 #else
   THERMOCLINE_SKIP("allocation counting is off under sanitizers");
