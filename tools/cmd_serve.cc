@@ -35,6 +35,8 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
                            device every model is served from the CPU, said once in the log)
   --gpu-layers N|auto      the first N whole layers of every model on the GPU (-ngl style; auto:
                            as many as fit under --gpu-memory or the device's free memory)
+  --kv-type f16|f32        every model's KV cache element type (default f16, as llama.cpp's;
+                           [[models]] kv_type)
   --state-dir DIR          registry, job artefacts and sidecars of registered models (default
                            $XDG_STATE_HOME/thermocline or ~/.local/state/thermocline)
   --admin-key KEY          require this key for /admin/* (default: the API key, if any)

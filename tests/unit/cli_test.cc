@@ -78,6 +78,10 @@ TEST_CASE("command line errors are clear", "[cli]") {
   r = Run("generate -m " + TestModelPath("stories260K.gguf") + " -p hi --kv-type q8");
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.out, Catch::Contains("--kv-type 'q8' is not one of f16, f32"));
+  r = Run("serve --model " + TestModelPath("stories260K.gguf") +
+          " --kv-type q8 --port 0 --grpc-port off");
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.out, Catch::Contains("models.kv_type"));
 }
 
 TEST_CASE("inspect lists metadata and tensors", "[cli]") {
