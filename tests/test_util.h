@@ -6,9 +6,12 @@
 
 #include <array>
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <system_error>
 
@@ -74,6 +77,31 @@ inline CliResult RunThermocline(const std::string& args) {
   const int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Rss in bytes of the mapping of /proc/self/smaps that contains `p`; -1 when none does.
+inline int64_t MappingRss(const void* p) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long long begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (line.find(':') > line.find(' ') && (head >> std::hex >> begin >> dash >> end) &&
+        dash == '-') {
+      inside = addr >= begin && addr < end;
+      continue;
+    }
+    if (inside && line.rfind("Rss:", 0) == 0) {
+      std::istringstream rss(line.substr(4));
+      int64_t kb = 0;
+      rss >> kb;
+      return kb * 1024;
+    }
+  }
+  return -1;
 }
 
 }  // namespace thermocline::testing

@@ -259,18 +259,7 @@ void Session::MoeFfn(int layer, const float* xn, int64_t n, float* out) {
       for (int64_t c = 0; c < d; ++c) o[c] += wgt * y[c];
     }
   }
-  if (L.shexp_gate.data == nullptr) return;
-  // The shared expert, on every token, scaled by its sigmoid gate.
-  MatMul(*pool_, L.shexp_gate, xn, n, gate_.data(), scratch_);
-  MatMul(*pool_, L.shexp_up, xn, n, up_.data(), scratch_);
-  GatedActivation(h.activation, gate_.data(), up_.data(), n * h.n_ff_shexp);
-  MatMul(*pool_, L.shexp_down, gate_.data(), n, eo_.data(), scratch_);
-  for (int64_t t = 0; t < n; ++t) {
-    double g = 0;
-    for (int64_t c = 0; c < d; ++c) g += static_cast<double>(L.shexp_gate_inp[c]) * xn[t * d + c];
-    const float wgt = static_cast<float>(1.0 / (1.0 + std::exp(-g)));
-    for (int64_t c = 0; c < d; ++c) out[t * d + c] += wgt * eo_[t * d + c];
-  }
+  AddSharedExpert(*pool_, h, L, xn, n, gate_.data(), up_.data(), eo_.data(), scratch_, out);
 }
 
 // Multiply-adds of attention (positions × head_dim per head) below which a part of the heads
@@ -289,7 +278,7 @@ void Session::Attention(int layer, int64_t n) {
   float* v_cache = half ? nullptr : v_cache_.data() + layer * n_ctx_ * v_dim;
   uint16_t* k_cache_f16 = half ? k_cache_f16_.data() + layer * n_ctx_ * kv_dim : nullptr;
   uint16_t* v_cache_f16 = half ? v_cache_f16_.data() + layer * n_ctx_ * v_dim : nullptr;
-  const TypeKernels& f16 = *KernelsFor(GgmlType::kF16);
+  static const TypeKernels& f16 = *KernelsFor(GgmlType::kF16);  // the cache rows' writer
   const bool slides = h.LayerSlides(layer);
   const float* table = slides && has_swa_rope_ ? rope_swa_.data() : rope_.data();
   auto rope = h.rope_kind == RopeKind::kNeox ? ApplyRopeNeox : ApplyRope;
@@ -345,8 +334,6 @@ void Session::Attention(int layer, int64_t n) {
     }
   });
 }
-
-const char* KvTypeName(KvType type) { return type == KvType::kF16 ? "f16" : "f32"; }
 
 bool ParseKvType(const std::string& name, KvType* type) {
   if (name == "f16") {

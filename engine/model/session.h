@@ -37,8 +37,7 @@ class FfnObserver {
 // products do (kernels.h's AttendHeadF16), as llama.cpp's default cache; what the engine serves
 // (EngineOptions). kF32: full precision, the reference the other paths are checked against.
 enum class KvType { kF32, kF16 };
-const char* KvTypeName(KvType type);  // "f32", "f16"
-bool ParseKvType(const std::string& name, KvType* type);
+bool ParseKvType(const std::string& name, KvType* type);  // "f16", "f32"; false otherwise
 
 struct SessionOptions {
   int64_t n_ctx = 0;       // KV cache length; 0: the model's training context

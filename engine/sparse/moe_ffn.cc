@@ -248,20 +248,8 @@ void MoeFfn::FileExpert(int layer, int64_t e, const float* xn, float w, float* a
 }
 
 void MoeFfn::SharedExpert(int layer, const float* xn, int64_t n, float* out) {
-  const LlamaHparams& h = model_.hparams();
-  const LayerWeights& L = model_.layers()[layer];
-  if (L.shexp_gate.data == nullptr) return;
-  const int64_t d = h.n_embd;
-  MatMul(*pool_, L.shexp_gate, xn, n, gate_.data(), scratch_);
-  MatMul(*pool_, L.shexp_up, xn, n, up_.data(), scratch_);
-  GatedActivation(h.activation, gate_.data(), up_.data(), n * h.n_ff_shexp);
-  MatMul(*pool_, L.shexp_down, gate_.data(), n, eo_.data(), scratch_);
-  for (int64_t t = 0; t < n; ++t) {
-    double g = 0;
-    for (int64_t c = 0; c < d; ++c) g += static_cast<double>(L.shexp_gate_inp[c]) * xn[t * d + c];
-    const float wgt = static_cast<float>(1.0 / (1.0 + std::exp(-g)));
-    for (int64_t c = 0; c < d; ++c) out[t * d + c] += wgt * eo_[t * d + c];
-  }
+  AddSharedExpert(*pool_, model_.hparams(), model_.layers()[layer], xn, n, gate_.data(), up_.data(),
+                  eo_.data(), scratch_, out);
 }
 
 void MoeFfn::Token(int layer, const float* xn, float* out) {

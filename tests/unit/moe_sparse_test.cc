@@ -27,6 +27,8 @@
 namespace thermocline {
 namespace {
 
+using testing::MappingRss;
+
 using testing::CachedModel;
 using testing::NewEngineSession;
 using testing::TestModelPath;
@@ -321,31 +323,6 @@ TEST_CASE("ReLU experts split between the stand-in device and sparse host expert
   CHECK(split->moe()->device_expert_calls() > 0);
   CHECK(split->moe()->host_expert_calls() > 0);
   CHECK(device.ffn_launches() == split->moe()->device_expert_calls());
-}
-
-// Rss in bytes of the mapping of /proc/self/smaps that contains `p`; -1 when none does.
-int64_t MappingRss(const void* p) {
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    unsigned long long begin = 0, end = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (line.find(':') > line.find(' ') && (head >> std::hex >> begin >> dash >> end) &&
-        dash == '-') {
-      inside = addr >= begin && addr < end;
-      continue;
-    }
-    if (inside && line.rfind("Rss:", 0) == 0) {
-      std::istringstream rss(line.substr(4));
-      int64_t kb = 0;
-      rss >> kb;
-      return kb * 1024;
-    }
-  }
-  return -1;
 }
 
 TEST_CASE("a sparse ReLU mixture holds its experts' down once: the file's pages leave",

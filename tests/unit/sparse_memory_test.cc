@@ -17,33 +17,10 @@
 namespace thermocline {
 namespace {
 
+using testing::MappingRss;
+
 using testing::NewEngineSession;
 using testing::TestModelPath;
-
-// Rss in bytes of the mapping of /proc/self/smaps that contains `p`; -1 when none does.
-int64_t MappingRss(const void* p) {
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    unsigned long long begin = 0, end = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (line.find(':') > line.find(' ') && (head >> std::hex >> begin >> dash >> end) &&
-        dash == '-') {
-      inside = addr >= begin && addr < end;
-      continue;
-    }
-    if (inside && line.rfind("Rss:", 0) == 0) {
-      std::istringstream rss(line.substr(4));
-      int64_t kb = 0;
-      rss >> kb;
-      return kb * 1024;
-    }
-  }
-  return -1;
-}
 
 uint64_t FfnFileBytes(const LlamaModel& model) {
   uint64_t total = 0;
