@@ -52,6 +52,13 @@ Sidecar AssembleSidecar(const LlamaModel& model, const std::string& model_name,
     for (int q = 0; q < kQuantileLevels; ++q) {
       y.act_abs_quantiles.push_back(st.AbsQuantile(q / static_cast<double>(kQuantileLevels - 1)));
     }
+    if (!st.gate_scale.empty()) {
+      y.gate_scale = st.gate_scale;
+      for (int q = 0; q < kQuantileLevels; ++q) {
+        y.gate_score_quantiles.push_back(
+            st.GateScoreQuantile(q / static_cast<double>(kQuantileLevels - 1)));
+      }
+    }
     y.magnitude_threshold = st.threshold;
     y.sparsity = Sparsity(st.fire_count, prof.tokens());
     y.skew80 = SkewFraction(st.fire_count, 0.8);

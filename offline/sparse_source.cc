@@ -21,11 +21,46 @@ float QuantileAt(const std::vector<float>& quantiles, double q) {
   return static_cast<float>(quantiles[lo] * (1 - f) + quantiles[hi] * f);
 }
 
+// Weight bytes one token reads in layer l's FFN by each method, from the profile: predicted
+// reads gate and up rows of the predicted share and down rows of the firing share, plus the
+// predictor; gate-first every gate row and up and down rows of the share its threshold keeps.
+bool GateFirstReadsLess(const SidecarLayer& s, const LayerWeights& L, double gate_first_sparsity) {
+  const double g = static_cast<double>(L.ffn_gate.row_bytes) * L.ffn_gate.rows;
+  const double u = static_cast<double>(L.ffn_up.row_bytes) * L.ffn_up.rows;
+  const double d = static_cast<double>(L.ffn_down.row_bytes) * L.ffn_down.rows;
+  const Predictor& pr = s.predictor;
+  const double predictor = pr.rank > 0 ? 2.0 * pr.rank * (pr.n_embd + pr.n_ff) : 0.0;  // F16
+  const double active = pr.rank > 0 ? s.predicted_active : 1.0;
+  const double predicted = active * (g + u) + (1.0 - s.sparsity) * d + predictor;
+  const double gate_first = g + (1.0 - gate_first_sparsity) * (u + d);
+  return gate_first < predicted;
+}
+
 }  // namespace
 
+absl::StatusOr<MethodChoice> ParseSparseMethod(const std::string& text, const std::string& what) {
+  if (text == "auto") return MethodChoice::kAuto;
+  if (text == "predicted") return MethodChoice::kPredicted;
+  if (text == "gate-first") return MethodChoice::kGateFirst;
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " ", text, ": use auto, predicted or gate-first"));
+}
+
 absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const LlamaModel& model,
-                                                 double target_sparsity) {
+                                                 double target_sparsity, MethodChoice method) {
   if (absl::Status s = CheckSidecarMatches(sidecar, model); !s.ok()) return s;
+  const LlamaHparams& h = model.hparams();
+  const bool gated_by_magnitude = !GateDecides(h.activation) && !h.is_moe();
+  if (method == MethodChoice::kGateFirst && !gated_by_magnitude) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gate-first is for SwiGLU models; this one's FFN is ",
+                     h.is_moe() ? "a mixture of experts" : ActivationName(h.activation),
+                     ", whose gate already decides (use predicted or auto)"));
+  }
+  // Gate-first thresholds at the asked sparsity, else at the one the profile calibrated.
+  const double gate_first_sparsity =
+      target_sparsity > 0 ? target_sparsity
+                          : (sidecar.target_sparsity > 0 ? sidecar.target_sparsity : 0.5);
   SparsePlan result;
   result.source = SparsePlan::Source::kSidecar;
   std::vector<SparseLayerPlan>& plan = result.layers;
@@ -58,6 +93,29 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
     if (target_sparsity > 0 && model.hparams().activation == FfnActivation::kSilu) {
       p.magnitude_threshold = QuantileAt(s.act_abs_quantiles, target_sparsity);
     }
+    const bool has_gate = s.gate_score_quantiles.size() == static_cast<size_t>(kQuantileLevels) &&
+                          static_cast<int64_t>(s.gate_scale.size()) == h.n_ff;
+    if (method == MethodChoice::kGateFirst && !has_gate) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", l,
+                       " has no gate-first calibration (gate_scale, gate_score_quantiles): the "
+                       "sidecar predates it; profile the model again (thermocline profile)"));
+    }
+    const bool gate_first = gated_by_magnitude && has_gate &&
+                            (method == MethodChoice::kGateFirst ||
+                             (method == MethodChoice::kAuto &&
+                              GateFirstReadsLess(s, model.layers()[l], gate_first_sparsity)));
+    if (gate_first) {  // no predictor: the gate decides, nothing else drops
+      p.method = SparseMethod::kGateFirst;
+      p.gate_threshold = QuantileAt(s.gate_score_quantiles, gate_first_sparsity);
+      p.gate_scale = s.gate_scale;
+      p.magnitude_threshold = 0;
+      p.rank = 0;
+      p.fc1 = {};
+      p.fc2 = {};
+      p.b1.clear();
+      p.b2.clear();
+    }
     result.attention_gpu[l] = s.attention_gpu ? 1 : 0;
     if (!s.neuron_order.empty()) {
       if (s.n_gpu < 0 || s.n_gpu > static_cast<int64_t>(s.neuron_order.size())) {
@@ -73,10 +131,10 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
 }
 
 absl::StatusOr<SparsePlan> LoadSparsePlan(const std::string& path, const LlamaModel& model,
-                                          double target_sparsity) {
+                                          double target_sparsity, MethodChoice method) {
   absl::StatusOr<Sidecar> sidecar = LoadSidecarFor(path, model);
   if (!sidecar.ok()) return sidecar.status();
-  absl::StatusOr<SparsePlan> plan = SparsePlanFromSidecar(*sidecar, model, target_sparsity);
+  absl::StatusOr<SparsePlan> plan = SparsePlanFromSidecar(*sidecar, model, target_sparsity, method);
   if (!plan.ok()) return plan.status();
   plan->sidecar_path = path;
   return plan;
@@ -122,6 +180,13 @@ absl::StatusOr<SparseMode> ParseSparseMode(const std::string& text, const std::s
   return absl::InvalidArgumentError(absl::StrCat(what, " ", text, ": use off, on or auto"));
 }
 
+namespace {
+// The oracle computes exact sets from dense gate/up: it replaces a method, so predicted.
+MethodChoice MethodOf(const SparseRequest& request) {
+  return request.oracle ? MethodChoice::kPredicted : request.method;
+}
+}  // namespace
+
 absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
                                                  const SparseRequest& request) {
   ResolvedSparse out;
@@ -136,7 +201,7 @@ absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
   };
   if (!request.sidecar.empty()) {
     absl::StatusOr<SparsePlan> plan =
-        LoadSparsePlan(request.sidecar, model, request.target_sparsity);
+        LoadSparsePlan(request.sidecar, model, request.target_sparsity, MethodOf(request));
     if (!plan.ok()) {
       return absl::Status(plan.status().code(),
                           absl::StrCat("sidecar ", request.sidecar, ": ", plan.status().message()));
@@ -147,7 +212,8 @@ absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
     const std::string beside = request.model_path + ".thermo.gguf";
     std::error_code ec;
     if (std::filesystem::exists(beside, ec)) {
-      absl::StatusOr<SparsePlan> plan = LoadSparsePlan(beside, model, request.target_sparsity);
+      absl::StatusOr<SparsePlan> plan =
+          LoadSparsePlan(beside, model, request.target_sparsity, MethodOf(request));
       if (plan.ok()) return with_oracle(*std::move(plan));
       if (request.mode == SparseMode::kOn) {
         return absl::Status(plan.status().code(),

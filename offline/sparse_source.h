@@ -20,14 +20,26 @@ enum class SparseMode { kOff, kOn, kAuto };
 // "off", "on", "auto"; InvalidArgument naming `what` (the flag or config key) otherwise.
 absl::StatusOr<SparseMode> ParseSparseMode(const std::string& text, const std::string& what);
 
+// How SwiGLU layers skip work (engine/sparse/sparse_plan.h's SparseMethod). predicted (the
+// default): the predictors, whatever they save. gate-first: every layer gate-first. auto: per
+// layer, the method that reads the fewest weight bytes by the profile (the predictor's measured
+// predicted-active share and firing rate against gate-first at the target sparsity). The two
+// drop different activations at the same sparsity, so their quality differs (docs/sparse.md).
+// The ReLU family is always predicted.
+enum class MethodChoice { kAuto, kPredicted, kGateFirst };
+// "auto", "predicted", "gate-first"; InvalidArgument naming `what` otherwise.
+absl::StatusOr<MethodChoice> ParseSparseMethod(const std::string& text, const std::string& what);
+
 struct SparseRequest {
   SparseMode mode = SparseMode::kAuto;
   std::string sidecar;     // a sidecar to use; "" = look for MODEL.thermo.gguf beside the model
   std::string model_path;  // where the model was loaded from (for the sidecar beside it)
   bool oracle = false;     // exact active sets (dense gate/up) instead of the predictors
-  // > 0: recalibrate every layer's magnitude threshold to drop this fraction of activations
-  // (from the profile's |act| quantiles; SwiGLU). 0: the sidecar's thresholds.
+  // > 0: recalibrate every layer's threshold to drop this fraction of activations (predicted:
+  // of |act|, gate-first: of |silu(gate)|, from the profile's quantiles; SwiGLU). 0: the
+  // sidecar's thresholds (gate-first: the profile's target sparsity).
   double target_sparsity = 0;
+  MethodChoice method = MethodChoice::kPredicted;
 };
 
 struct ResolvedSparse {
@@ -44,11 +56,15 @@ absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
                                                  const SparseRequest& request);
 
 // The plan of a sidecar that belongs to `model` (CheckSidecarMatches); else its error.
+// Gate-first needs the sidecar's |silu(gate)| quantiles: asked for without them,
+// FailedPrecondition (profile the model again); auto then keeps the predictors.
 absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const LlamaModel& model,
-                                                 double target_sparsity = 0);
+                                                 double target_sparsity = 0,
+                                                 MethodChoice method = MethodChoice::kPredicted);
 // The plan of the sidecar at `path` for `model`.
 absl::StatusOr<SparsePlan> LoadSparsePlan(const std::string& path, const LlamaModel& model,
-                                          double target_sparsity = 0);
+                                          double target_sparsity = 0,
+                                          MethodChoice method = MethodChoice::kPredicted);
 
 // The summaries of a sidecar.
 PlacementSummary SummarizePlacement(const Sidecar& sidecar);

@@ -111,6 +111,8 @@ absl::Status ReadModels(const toml::node* node, ServerConfig* c) {
     r.Get<std::string>("sparse", &m.sparse);
     r.Get<std::string>("sidecar", &m.sidecar);
     r.Get<bool>("oracle", &m.oracle);
+    r.Get<std::string>("sparse_method", &m.sparse_method);
+    r.Get<double>("target_sparsity", &m.target_sparsity);
     r.Get<std::string>("gpu_memory", &m.gpu_memory);
     r.Get<std::string>("gpu_layers", &m.gpu_layers);
     r.Get<std::string>("kv_type", &m.kv_type);
@@ -322,6 +324,14 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     }
     if (m.sparse != "off" && m.sparse != "on" && m.sparse != "auto") {
       return KeyError("models.sparse", absl::StrCat("'", m.sparse, "': use off, on or auto"));
+    }
+    if (m.sparse_method != "auto" && m.sparse_method != "predicted" &&
+        m.sparse_method != "gate-first") {
+      return KeyError("models.sparse_method",
+                      absl::StrCat("'", m.sparse_method, "': use auto, predicted or gate-first"));
+    }
+    if (!(m.target_sparsity >= 0 && m.target_sparsity < 1)) {
+      return KeyError("models.target_sparsity", "must be in [0, 1)");
     }
     if (m.n_ctx < 0 || m.n_ctx > (int64_t{1} << 20)) {
       return KeyError("models.n_ctx", "must be in [0, 1048576]");

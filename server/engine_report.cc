@@ -34,6 +34,7 @@ json RunsOnJson(const EnginePlacement& p) {
           {"gpu_bytes", p.gpu_bytes},
           {"sparse", p.sparse},
           {"sparse_source", p.sparse ? json(SparseSourceName(p.sparse_source)) : json(nullptr)},
+          {"sparse_method", p.sparse ? json(p.sparse_method) : json(nullptr)},
           {"note", p.note.empty() ? json(nullptr) : json(p.note)}};
 }
 

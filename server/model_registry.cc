@@ -142,6 +142,11 @@ absl::StatusOr<std::optional<SparsePlan>> ModelRegistry::ResolveSparse(ServedMod
   request.sidecar = pending.empty() ? c.sidecar : pending;
   request.model_path = c.path;
   request.oracle = c.oracle;
+  request.target_sparsity = c.target_sparsity;
+  absl::StatusOr<offline::MethodChoice> method =
+      offline::ParseSparseMethod(c.sparse_method, "sparse_method =");
+  if (!method.ok()) return method.status();
+  request.method = *method;
   absl::StatusOr<offline::ResolvedSparse> resolved = offline::ResolveSparsePlan(model, request);
   if (!resolved.ok()) {
     // A registered model stays usable dense when its job's sidecar cannot be used.
@@ -663,7 +668,11 @@ absl::Status ModelRegistry::UseSidecar(std::string_view name, const std::string&
   if (l == nullptr) return absl::OkStatus();  // used when it loads
   std::optional<SparsePlan> plan;
   if (!sidecar_path.empty()) {
-    absl::StatusOr<SparsePlan> p = offline::LoadSparsePlan(sidecar_path, *l->model);
+    absl::StatusOr<offline::MethodChoice> method =
+        offline::ParseSparseMethod(m->config.sparse_method, "sparse_method =");
+    if (!method.ok()) return method.status();
+    absl::StatusOr<SparsePlan> p =
+        offline::LoadSparsePlan(sidecar_path, *l->model, m->config.target_sparsity, *method);
     if (!p.ok()) return p.status();
     plan = *std::move(p);
   }

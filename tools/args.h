@@ -28,6 +28,12 @@ class Args {
   // Byte counts with optional suffix: 512M, 8G, 8GiB, 1000000.
   absl::StatusOr<int64_t> GetBytes(const std::string& flag, int64_t fallback) const;
   const std::vector<std::string>& positionals() const { return positionals_; }
+  // A copy with value flag `flag` set to `value`.
+  Args With(const std::string& flag, const std::string& value) const {
+    Args a = *this;
+    a.values_[flag] = value;
+    return a;
+  }
 
  private:
   std::map<std::string, std::string> values_;

@@ -6,8 +6,12 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "bench/model_bench.h"
 #include "bench/sparse_read_floor.h"
 #include "engine/ops/kernels.h"
@@ -71,7 +75,9 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
   const SparseFfnStats& st = sparse.stats();
   const double n_ff = model.hparams().n_ff;
   const double predicted = st.layer_tokens ? st.predicted / st.layer_tokens / n_ff : 0;
+  const double up_rows = st.layer_tokens ? st.up_rows / st.layer_tokens / n_ff : 0;
   const double fired = st.layer_tokens ? st.fired / st.layer_tokens / n_ff : 0;
+  const std::string methods = SparseMethodsOf(sparse.plan());
   const double ratio = *sparse_tps / *dense_tps;
   const double dense_bytes = sparse.DenseBytesPerToken(),
                sparse_bytes = sparse.SparseBytesPerToken();
@@ -100,7 +106,9 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
                           {"ratio", ratio},
                           {"ideal_ratio", ideal},
                           {"of_ideal", ratio / ideal},
+                          {"method", methods},
                           {"predicted_active", predicted},
+                          {"up_rows", up_rows},
                           {"fired", fired},
                           {"predictor_share_of_ffn_time", predictor_share},
                           {"sparse_ffn_ms_per_token", ffn_ms},
@@ -117,13 +125,14 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
     std::printf(
         "threads %d, %s | decode %lld tokens after %lld: dense %.2f tokens/s, sparse "
         "%.2f tokens/s%s\nratio %.2fx, ideal %.2fx (weight bytes dense %.1f MiB / sparse "
-        "%.1f MiB per token), %.0f%% of ideal\nactive: %.1f%% predicted, %.1f%% fired; "
+        "%.1f MiB per token), %.0f%% of ideal\n%s: %.1f%% of gate rows, %.1f%% of up rows, "
+        "%.1f%% of down rows; "
         "predictors %.0f%% of sparse FFN time; sparse FFN %.2f of %.2f ms per token\n",
         pool.size(), IsaName(BestIsa()), static_cast<long long>(o.gen_tokens),
         static_cast<long long>(o.prompt_tokens), *dense_tps, *sparse_tps,
         sparse.options().oracle ? " (oracle)" : "", ratio, ideal, dense_bytes / 1048576.0,
-        sparse_bytes / 1048576.0, 100 * ratio / ideal, 100 * predicted, 100 * fired,
-        100 * predictor_share, ffn_ms, 1e3 / *sparse_tps);
+        sparse_bytes / 1048576.0, 100 * ratio / ideal, methods.c_str(), 100 * predicted,
+        100 * up_rows, 100 * fired, 100 * predictor_share, ffn_ms, 1e3 / *sparse_tps);
     if (have_floor) {
       std::printf(
           "read floor: the FFN's rows alone %.2f ms per token (its active sets replayed, cold); "
@@ -167,13 +176,14 @@ int RunBench(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--ops") == 0) return RunBenchOps(argc, argv);
   }
-  auto args = Args::Parse(
-      argc, argv,
-      {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions", "--activation",
-       "--sparse", "--sidecar", "--target-sparsity", "--gpu-profile", "--output", "--gpu-memory",
-       "--gpu-layers", "--hardware-profile", "--json-schema", "--prompt", "--kv-type"},
-      {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in"},
-      {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
+  auto args =
+      Args::Parse(argc, argv,
+                  {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions",
+                   "--activation", "--sparse", "--sidecar", "--target-sparsity", "--sparse-method",
+                   "--gpu-profile", "--output", "--gpu-memory", "--gpu-layers",
+                   "--hardware-profile", "--json-schema", "--prompt", "--kv-type"},
+                  {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in"},
+                  {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
   if (args->Has("--help")) {
     std::puts(
@@ -184,6 +194,7 @@ int RunBench(int argc, char** argv) {
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     std::puts(
+        "  --sparse-method A,B      several methods: each against dense, in turn\n"
         "  a mixture of experts: decode tokens/s of every expert computed (dense), of the\n"
         "  routed experts on the CPU, and of --sidecar's expert placement under --gpu-memory\n"
         "  (--stand-in: on the CPU stand-in device)\n"
@@ -229,6 +240,28 @@ int RunBench(int argc, char** argv) {
   EngineOptions engine_options;
   engine_options.n_ctx = o.prompt_tokens + o.gen_tokens + 1;
   engine_options.max_batch = std::clamp<int64_t>(o.prompt_tokens, 1, 4096);
+  // --sparse-method A,B,...: each method against dense in turn, the same dense engine.
+  const std::vector<std::string> methods =
+      absl::StrSplit(args->Get("--sparse-method").value_or("predicted"), ',');
+  if (methods.size() > 1) {
+    auto dense = Engine::Create(**model, std::nullopt, engine_options, pool);
+    if (!dense.ok()) return Fail("bench", dense.status());
+    for (const std::string& m : methods) {
+      auto engine = EngineFromArgs(args->With("--sparse-method", m), **model, pool, engine_options);
+      if (!engine.ok())
+        return Fail("bench", engine.status(), absl::IsInvalidArgument(engine.status()));
+      if ((*engine)->sparse_plan() == nullptr) {
+        return Fail(
+            "bench",
+            absl::InvalidArgumentError("--sparse-method with several methods needs a sparse plan "
+                                       "(--sidecar, or MODEL.thermo.gguf beside the model)"),
+            true);
+      }
+      if (!args->Has("--json")) std::printf("--sparse-method %s\n", m.c_str());
+      if (int rc = BenchSparse(**dense, **engine, pool, o, args->Has("--json")); rc != 0) return rc;
+    }
+    return 0;
+  }
   auto engine = EngineFromArgs(*args, **model, pool, engine_options);
   if (!engine.ok()) return Fail("bench", engine.status(), absl::IsInvalidArgument(engine.status()));
   if (args->Get("--json-schema")) {

@@ -78,7 +78,7 @@ int RunGenerate(int argc, char** argv) {
                            "--activation",
                            "--sparse",
                            "--sidecar",
-                           "--target-sparsity",
+                           "--target-sparsity", "--sparse-method",
                            "--gpu-memory",
                            "--gpu-layers",
                            "--kv-type"},

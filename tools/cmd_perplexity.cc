@@ -15,7 +15,7 @@ int RunPerplexity(int argc, char** argv) {
   auto args =
       Args::Parse(argc, argv,
                   {"--model", "--file", "--ctx", "--threads", "--activation", "--sparse",
-                   "--sidecar", "--target-sparsity", "--gpu-memory", "--gpu-layers", "--kv-type"},
+                   "--sidecar", "--target-sparsity", "--sparse-method", "--gpu-memory", "--gpu-layers", "--kv-type"},
                   {"--json", "--help", "--oracle"},
                   {{"-m", "--model"},
                    {"-f", "--file"},

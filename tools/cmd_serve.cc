@@ -29,6 +29,10 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
                            given or MODEL.thermo.gguf lies beside the model)
   --sidecar FILE           the sidecar of the (single) --model (thermocline profile makes one)
   --oracle                 sparse with exact active sets (dense gate/up) instead of predictors
+  --sparse-method M        SwiGLU layers: predicted (default) | gate-first | auto
+                           ([[models]] sparse_method)
+  --target-sparsity F      SwiGLU: the share of activations dropped (default: the sidecar's;
+                           [[models]] target_sparsity)
   --gpu-memory BYTES       device memory each model may use (8G, 512M): with a sidecar, its
                            solved hybrid placement (attention, head and hot neurons on the GPU);
                            without one, as many whole layers as fit (CUDA builds; without a
@@ -123,6 +127,14 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
   if (auto kv = args.Get("--kv-type")) {
     for (server::ModelConfig& m : c->models) m.kv_type = *kv;
   }
+  if (auto method = args.Get("--sparse-method")) {
+    for (server::ModelConfig& m : c->models) m.sparse_method = *method;
+  }
+  if (args.Has("--target-sparsity")) {
+    auto target = args.GetDouble("--target-sparsity", 0.0);
+    if (!target.ok()) return target.status();
+    for (server::ModelConfig& m : c->models) m.target_sparsity = *target;
+  }
   if (args.Has("--ctx")) {
     auto ctx = args.GetInt("--ctx", 0);
     if (!ctx.ok()) return ctx.status();
@@ -135,13 +147,13 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
 
 int RunServe(int argc, char** argv) {
   const std::vector<std::string> model_flags = ExtractModels(&argc, argv);
-  auto args =
-      Args::Parse(argc, argv,
-                  {"--config", "--host", "--port", "--api-key", "--slots", "--queue", "--threads",
-                   "--ctx", "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key",
-                   "--grpc-port", "--gpu-memory", "--gpu-layers", "--kv-type"},
-                  {"--help", "--oracle", "--no-prompt-cache"},
-                  {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
+  auto args = Args::Parse(
+      argc, argv,
+      {"--config", "--host", "--port", "--api-key", "--slots", "--queue", "--threads", "--ctx",
+       "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key", "--grpc-port",
+       "--gpu-memory", "--gpu-layers", "--kv-type", "--sparse-method", "--target-sparsity"},
+      {"--help", "--oracle", "--no-prompt-cache"},
+      {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("serve", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);

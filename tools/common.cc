@@ -64,6 +64,10 @@ absl::StatusOr<std::optional<SparsePlan>> SparsePlanFromArgs(const Args& args,
   request.model_path = args.Get("--model").value_or("");
   request.oracle = args.Has("--oracle");
   request.target_sparsity = *target;
+  absl::StatusOr<offline::MethodChoice> method = offline::ParseSparseMethod(
+      args.Get("--sparse-method").value_or("predicted"), "--sparse-method");
+  if (!method.ok()) return method.status();
+  request.method = *method;
   absl::StatusOr<offline::ResolvedSparse> resolved = offline::ResolveSparsePlan(model, request);
   if (!resolved.ok()) return resolved.status();
   if (!resolved->warning.empty()) {

@@ -218,6 +218,7 @@ void Session::DenseFfn(int layer, const float* x, const float* xn, int64_t n, fl
   }
   MatMul(*pool_, L.ffn_gate, xn, n, gate_.data(), scratch_);
   MatMul(*pool_, L.ffn_up, xn, n, up_.data(), scratch_);
+  if (observer_ != nullptr) observer_->OnGate(layer, gate_.data(), up_.data(), h.n_ff, n);
   GatedActivation(h.activation, gate_.data(), up_.data(), n * h.n_ff);
   if (observer_ != nullptr) observer_->OnFfn(layer, x, h.n_embd, gate_.data(), h.n_ff, n);
   MatMul(*pool_, L.ffn_down, gate_.data(), n, out, scratch_);

@@ -31,6 +31,10 @@ class FfnObserver {
   virtual void OnFfn(int layer, const float* x, int64_t n_embd, const float* act, int64_t n_ff,
                      int64_t n_tokens) = 0;
   virtual void OnRouting(int layer, const int32_t* selected, int64_t k, int64_t n_tokens) {}
+  // Before OnFfn: gate and up (n_tokens, n_ff each), the projections before the activation
+  // (what a gate-first layer's score and threshold are calibrated on).
+  virtual void OnGate(int layer, const float* gate, const float* up, int64_t n_ff,
+                      int64_t n_tokens) {}
 };
 
 // The element type of the KV cache. kF16: half the memory, and attention computes as ggml's F16

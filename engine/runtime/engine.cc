@@ -85,6 +85,7 @@ Engine::Engine(const LlamaModel& model, std::optional<SparsePlan> plan,
   if (plan_.has_value()) {
     placement_.oracle = plan_->oracle;
     placement_.sparse_source = plan_->source;
+    placement_.sparse_method = SparseMethodsOf(plan_->layers);
   }
 }
 
@@ -257,6 +258,7 @@ absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* po
   p.sparse = placement_.sparse;
   p.oracle = placement_.oracle;
   p.sparse_source = placement_.sparse_source;
+  p.sparse_method = placement_.sparse_method;
   p.gpu_cap = placement_.gpu_cap;
   {
     std::lock_guard<std::mutex> lock(mu_);

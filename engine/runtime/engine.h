@@ -92,6 +92,7 @@ struct EnginePlacement {
   bool sparse = false;
   bool oracle = false;
   SparsePlan::Source sparse_source = SparsePlan::Source::kSidecar;  // when sparse
+  std::string sparse_method;  // when sparse: SparseMethodsOf the plan's layers
 };
 
 // One line: where the parts run ("all on the CPU", "3/22 whole layers on NVIDIA ...", ...).

@@ -69,10 +69,19 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
          static_cast<int64_t>(p.b2.size()) != h.n_ff)) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": predictor shapes"));
     }
+    if (p.method == SparseMethod::kGateFirst && (GateDecides(h.activation) || p.rank > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, ": gate-first is for SwiGLU/GeGLU layers without a predictor (",
+                       ActivationName(h.activation), ", rank ", p.rank, ")"));
+    }
     for (int32_t i : p.device_neurons) {
       if (i < 0 || i >= h.n_ff) {
         return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": neuron ", i));
       }
+    }
+    if (!p.gate_scale.empty() && static_cast<int64_t>(p.gate_scale.size()) != h.n_ff) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": ", p.gate_scale.size(),
+                                                     " gate scales for ", h.n_ff, " neurons"));
     }
     if (!p.fire_count.empty() && static_cast<int64_t>(p.fire_count.size()) != h.n_ff) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": ", p.fire_count.size(),
@@ -101,7 +110,11 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
     // prefetcher streams past the end of a gate row is then its up row, needed when the gate
     // fires, not the next neuron's gate row. 1.1B synthetic model, 2 threads, 7 alternating
     // runs: median ratio 1.83x interleaved, 1.73x separate.
-    absl::StatusOr<InterleavedGateUp> gu = InterleaveGateUp(pool, L.ffn_gate, L.ffn_up, order);
+    // Gate-first layers read every gate row and few up rows: kept apart, gate is one stream.
+    absl::StatusOr<InterleavedGateUp> gu =
+        p.method == SparseMethod::kGateFirst
+            ? absl::FailedPreconditionError("gate-first: gate and up apart")
+            : InterleaveGateUp(pool, L.ffn_gate, L.ffn_up, order);
     if (gu.ok()) {
       y.gate_rows = std::move(gu->storage);
       y.gate = gu->gate;
@@ -125,6 +138,10 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
       y.fc2_t = *std::move(fc2_t);
       y.b2.resize(h.n_ff);
       for (int32_t s = 0; s < h.n_ff; ++s) y.b2[s] = p.b2[order[s]];
+    }
+    if (!p.gate_scale.empty()) {
+      y.gate_scale.resize(h.n_ff);
+      for (int32_t s = 0; s < h.n_ff; ++s) y.gate_scale[s] = p.gate_scale[order[s]];
     }
     w->layers_.push_back(std::move(y));
     // The copies replace the file's FFN of this layer (SparseWeights' comment).
@@ -190,6 +207,8 @@ absl::Status SparseFfn::StartGpu() {
     for (int32_t s = 0; s < y.n_device; ++s) device_slots[l][s] = s;
     layer.device_neurons = device_slots[l];
     layer.magnitude_threshold = p.magnitude_threshold;
+    // A gate-first layer's device neurons are computed whole (the device has the arithmetic to
+    // spare; its magnitude threshold is 0): gate-first skips work on the host's only.
     if (p.rank > 0 && y.n_device > 0 && !options_.oracle) {
       // The predictor on the device: it picks its own neurons, and in resident mode the host's.
       fc2_slots[l] = GatherRows(*pool_, p.fc2.view, y.neuron_of.data(), h.n_ff);
@@ -435,6 +454,7 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out,
   stats_.layer_tokens += 1;
   for (const Lane& lane : lanes_) {
     stats_.predicted += static_cast<double>(lane.predicted);
+    stats_.up_rows += static_cast<double>(lane.up_rows);
     stats_.fired += static_cast<double>(lane.fired);
   }
   // fc1 before the lanes, fc2 and the threshold inside lane 0's chunks (the others run
@@ -448,7 +468,7 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out,
 
 void SparseFfn::RunLane(int layer, int lane_index, const ChunkBounds& bounds) {
   Lane& lane = lanes_[lane_index];
-  lane.predicted = lane.fired = 0;
+  lane.predicted = lane.fired = lane.up_rows = 0;
   lane.predictor_s = 0;
   std::fill(lane.acc.begin(), lane.acc.end(), 0.0f);
   const int n_chunks = static_cast<int>(bounds.size()) - 1;
@@ -484,10 +504,26 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool
   const WeightView& gw = y.gate;
   const WeightView& uw = y.up;
   const void* x_up = uw.type == gw.type ? x_gate_.data() : x_up_.data();
+  if (p.method == SparseMethod::kGateFirst) {  // no predictor: n is every slot (or the listed)
+    int64_t n_up = 0;
+    const int64_t m = GateFirstRows(
+        isa_, h.activation, gw, x_gate_.data(), uw, x_up, y.down_t.view, idx, n, p.gate_threshold,
+        y.gate_scale.empty() ? nullptr : y.gate_scale.data(), p.magnitude_threshold, gate, up,
+        lane.acc.data(), &n_up, observer_ != nullptr ? lane.seen_up.data() : nullptr);
+    lane.up_rows += n_up;
+    lane.fired += m;
+    if (observer_ != nullptr) {
+      observer_->OnChunk(layer, {lane.seen_predicted.data(), static_cast<size_t>(n_predicted)},
+                         {lane.seen_up.data(), static_cast<size_t>(n_up)},
+                         {idx, static_cast<size_t>(m)});
+    }
+    return;
+  }
   SparseRowDots(isa_, gw, x_gate_.data(), idx, n, gate);
   // ReLU family: up rows only for the neurons whose gate fired.
   if (GateDecides(h.activation)) n = KeepWhere(idx, gate, n, [](float g) { return g > 0.0f; });
   if (observer_ != nullptr) std::copy_n(idx, n, lane.seen_up.data());
+  lane.up_rows += n;
   SparseRowDots(isa_, uw, x_up, idx, n, up);
   GatedActivation(h.activation, gate, up, n);
   // Below the magnitude threshold (and exact zeros): dropped before down reads their rows.
@@ -589,9 +625,12 @@ double SparseFfn::SparseBytesPerToken() const {
   const double fired_per_layer = stats_.fired / std::max<int64_t>(1, stats_.layer_tokens);
   for (size_t l = 0; l < plan().size(); ++l) {
     const LayerWeights& L = model_.layers()[l];
-    // Up rows are read for the predicted neurons, or (ReLU family) those whose gate fired.
-    const double up_rows =
-        GateDecides(model_.hparams().activation) ? fired_per_layer : predicted_per_layer;
+    // Up rows are read for the neurons whose gate passed (counted on the host's fused path);
+    // else for the predicted ones, or (ReLU family) those whose gate fired.
+    const double up_rows = stats_.up_rows > 0
+                               ? stats_.up_rows / std::max<int64_t>(1, stats_.layer_tokens)
+                           : GateDecides(model_.hparams().activation) ? fired_per_layer
+                                                                      : predicted_per_layer;
     const double gu =
         options_.oracle ? (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * L.ffn_gate.rows
                         : L.ffn_gate.row_bytes * predicted_per_layer + L.ffn_up.row_bytes * up_rows;

@@ -1,7 +1,9 @@
 // SparseFfn: the FFN backend that computes only the neurons that fire. Per token and layer:
 // predictor (engine/sparse/predictor.h) → active set (logit > threshold) → row-sparse gate/up →
 // gated activation, neurons with |act| <= the layer's magnitude threshold dropped (0 for the
-// ReLU family: exact zeros; CATS/TEAL-style for SwiGLU) → axpy over down_t rows.
+// ReLU family: exact zeros; TEAL-style for SwiGLU) → axpy over down_t rows. A gate-first layer
+// (SparseMethod::kGateFirst, CATS-style, for SwiGLU) has no predictor: every gate row, then up
+// and down rows only of the neurons whose |act(gate)| passes its gate threshold.
 // The hybrid seam: a layer's placement (device_neurons) splits the active set into a device part
 // and a host part that two executors run concurrently; their outputs are summed. Here the
 // "device" executor is a second CPU thread pool; a GPU executor plugs into the same split.
@@ -44,6 +46,7 @@ class SparseWeights {
     OwnedWeight down_t;              // (n_ff, n_embd) down's columns as rows, slot order
     OwnedWeight fc2_t;               // (rank, n_ff) the predictor's fc2ᵀ, columns in slot order
     std::vector<float> b2;           // (n_ff) slot order
+    std::vector<float> gate_scale;   // (n_ff) slot order, gate-first layers (empty: none)
     int64_t n_device = 0;            // the placement's device part: slots [0, n_device)
   };
 
@@ -90,7 +93,8 @@ struct SparseFfnOptions {
 
 struct SparseFfnStats {
   int64_t layer_tokens = 0;  // (token, layer) pairs computed sparsely
-  double predicted = 0;      // Σ predicted-active neurons
+  double predicted = 0;      // Σ predicted-active neurons (gate-first: every neuron)
+  double up_rows = 0;        // Σ up rows read on the host's fused path
   double fired = 0;          // Σ neurons with a nonzero activation after thresholds
   double predictor_s = 0;    // time in predictors
   double total_s = 0;        // time in Forward
@@ -170,7 +174,7 @@ class SparseFfn : public FfnBackend {
     std::vector<float> up;                         // (n_ff)
     std::vector<float> acc;                        // (n_embd) partial output
     std::vector<int32_t> seen_predicted, seen_up;  // (n_ff) for observer_: idx before compaction
-    int64_t predicted = 0, fired = 0;
+    int64_t predicted = 0, up_rows = 0, fired = 0;
     double predictor_s = 0;
   };
   // Chunks of one layer's slots [first, n_ff) that the lanes claim.

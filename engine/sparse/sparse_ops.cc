@@ -5,11 +5,14 @@
 #include "engine/sparse/sparse_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/cpu_ops.h"
 #include "engine/ops/row_dot.h"
 #include "engine/ops/type_table.h"
 
@@ -334,6 +337,71 @@ void SparseAxpyReference(const WeightView& w_t, const int32_t* idx, const float*
     for (int64_t i = 0; i < w_t.cols; ++i) acc[i] += static_cast<double>(act[j]) * row[i];
   }
   for (int64_t i = 0; i < w_t.cols; ++i) out[i] = static_cast<float>(acc[i]);
+}
+
+float GateActivation(FfnActivation act, float g) {
+  switch (act) {
+    case FfnActivation::kSilu:
+      return g / (1.0f + std::exp(-g));
+    case FfnActivation::kGeluTanh:
+      return GeluTanh(g);
+    case FfnActivation::kRelu:
+    case FfnActivation::kDRelu:
+      break;
+  }
+  return g > 0.0f ? g : 0.0f;
+}
+
+int64_t GateFirstRows(Isa isa, FfnActivation act, const WeightView& gate, const void* x_gate,
+                      const WeightView& up, const void* x_up, const WeightView& down_t,
+                      int32_t* idx, int64_t n, float gate_threshold, const float* scale,
+                      float act_threshold, float* g, float* u, float* out, int64_t* n_up,
+                      int32_t* up_idx) {
+  SparseRowDots(isa, gate, x_gate, idx, n, g);
+  int64_t k = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const float a = GateActivation(act, g[j]);
+    if (std::fabs(a) * (scale != nullptr ? scale[idx[j]] : 1.0f) > gate_threshold) {
+      idx[k] = idx[j];
+      g[k++] = a;
+    }
+  }
+  if (n_up != nullptr) *n_up = k;
+  if (up_idx != nullptr) std::copy_n(idx, k, up_idx);
+  SparseRowDots(isa, up, x_up, idx, k, u);
+  int64_t m = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    const float v = g[j] * u[j];
+    if (v != 0.0f && std::fabs(v) > act_threshold) {
+      idx[m] = idx[j];
+      g[m++] = v;
+    }
+  }
+  SparseAxpyRows(isa, down_t, 0, down_t.cols, idx, g, m, out);
+  return m;
+}
+
+int64_t GateFirstRowsReference(FfnActivation act, const WeightView& gate, const WeightView& up,
+                               const WeightView& down_t, const float* x, int32_t* idx, int64_t n,
+                               float gate_threshold, const float* scale, float act_threshold,
+                               float* g, float* out) {
+  std::vector<float> gv(n), uv(n);
+  SparseMatVecReference(gate, x, idx, n, gv.data());
+  SparseMatVecReference(up, x, idx, n, uv.data());
+  int64_t m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const float a = GateActivation(act, gv[j]);
+    if (!(std::fabs(a) * (scale != nullptr ? scale[idx[j]] : 1.0f) > gate_threshold)) continue;
+    const float v = a * uv[j];
+    if (v != 0.0f && std::fabs(v) > act_threshold) {
+      idx[m] = idx[j];
+      g[m++] = v;
+    }
+  }
+  std::vector<float> sum(down_t.cols);
+  SparseAxpyReference(down_t, idx, g, m, sum.data());
+  for (int64_t i = 0; i < down_t.cols; ++i) out[i] += sum[i];
+  return m;
 }
 
 absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/activation.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
 #include "engine/ops/weight_layout.h"
@@ -87,6 +88,28 @@ void SparseRowDots(Isa isa, const WeightView& w, const void* x, const int32_t* i
 // block size (cols < w_t.cols: a column slice of the rows).
 void SparseAxpyRows(Isa isa, const WeightView& w_t, int64_t col0, int64_t cols, const int32_t* idx,
                     const float* act, int64_t n, float* out);
+
+// The gate-first FFN (CATS-style) of the n candidate slots idx[0, n) on the calling thread:
+// every candidate's gate row, then up and down only where the gate's activation is large enough.
+//   g = gate.row(s) · x_gate; a = act(g) (SiLU or GELU-tanh: `act` must not be gate-decided);
+//   kept: |a| · scale[s] > gate_threshold (scale null: 1); u = up.row(s) · x_up for the kept;
+//   v = a · u, dropped where
+//   |v| <= act_threshold or v == 0; out[0, down_t.cols) += Σ v · down_t.row(s).
+// g, u: (n) scratch. On return idx[0, m) and g[0, m) hold the slots that fired and their
+// activations; returns m. *n_up (optional): the up rows read, and up_idx (optional, n): their
+// slots.
+int64_t GateFirstRows(Isa isa, FfnActivation act, const WeightView& gate, const void* x_gate,
+                      const WeightView& up, const void* x_up, const WeightView& down_t,
+                      int32_t* idx, int64_t n, float gate_threshold, const float* scale,
+                      float act_threshold, float* g, float* u, float* out, int64_t* n_up = nullptr,
+                      int32_t* up_idx = nullptr);
+// Its scalar reference: dequantized rows, float x, double sums; the same outputs.
+int64_t GateFirstRowsReference(FfnActivation act, const WeightView& gate, const WeightView& up,
+                               const WeightView& down_t, const float* x, int32_t* idx, int64_t n,
+                               float gate_threshold, const float* scale, float act_threshold,
+                               float* g, float* out);
+// act(g) of a gated activation's gate alone (SiLU, GELU-tanh; ReLU for the others).
+float GateActivation(FfnActivation act, float g);
 
 // gate and up stored interleaved, built once at load: row 2i of `storage` is gate row i, row
 // 2i + 1 up row i, so an active neuron's gate and up weights are one contiguous read (random

@@ -1,5 +1,9 @@
 #include "engine/sparse/sparse_plan.h"
 
+#include <map>
+
+#include "absl/strings/str_cat.h"
+
 namespace thermocline {
 
 const char* SparseSourceName(SparsePlan::Source source) {
@@ -12,6 +16,27 @@ const char* SparseSourceName(SparsePlan::Source source) {
       return "oracle";
   }
   return "?";
+}
+
+const char* SparseMethodName(SparseMethod method) {
+  switch (method) {
+    case SparseMethod::kPredicted:
+      return "predicted";
+    case SparseMethod::kGateFirst:
+      return "gate-first";
+  }
+  return "?";
+}
+
+std::string SparseMethodsOf(const std::vector<SparseLayerPlan>& layers) {
+  std::map<std::string, int> count;
+  for (const SparseLayerPlan& p : layers) ++count[SparseMethodName(p.method)];
+  std::string out;
+  for (const auto& [name, n] : count) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", name,
+                    count.size() > 1 ? absl::StrCat(" ", n) : "");
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<SparseLayerPlan>> SparsePlanFromModel(const LlamaModel& model) {

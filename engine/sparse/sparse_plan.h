@@ -15,8 +15,24 @@
 
 namespace thermocline {
 
+// How a layer's FFN skips work.
+//   kPredicted: the predictor picks the candidate neurons; gate and up rows of those, down rows
+//     of the ones that fire (the ReLU family's way: its zeros are exact and predictable).
+//   kGateFirst (CATS-style): no predictor; every gate row, then up and down rows only of the
+//     neurons whose score |act(gate_i)| · gate_scale[i] > gate_threshold (gate_scale: the
+//     neuron's mean |up| in the profile, so that the score ranks neurons as |act| does on
+//     average). For SwiGLU, whose activations are never exactly zero and which a predictor
+//     marks nearly all active: at sparsity s the FFN reads (1 + 2(1 - s)) / 3 of its bytes.
+enum class SparseMethod { kPredicted, kGateFirst };
+const char* SparseMethodName(SparseMethod method);  // "predicted", "gate-first"
+struct SparseLayerPlan;
+// The methods of a plan's layers: "gate-first", or with several their layer counts
+// ("gate-first 20, predicted 2"). A mixture of experts' layers count as predicted.
+std::string SparseMethodsOf(const std::vector<SparseLayerPlan>& layers);
+
 // One layer's sparse FFN.
 struct SparseLayerPlan {
+  SparseMethod method = SparseMethod::kPredicted;
   int64_t rank = 0;                     // 0: no predictor, every neuron is a candidate
   OwnedWeight fc1;                      // (rank, n_embd), any type with kernels
   std::vector<float> b1;                // (rank)
@@ -24,6 +40,8 @@ struct SparseLayerPlan {
   std::vector<float> b2;                // (n_ff)
   float threshold = 0.0f;               // predicted active iff logit > threshold
   float magnitude_threshold = 0;        // fired iff |act| > this
+  float gate_threshold = 0;             // kGateFirst: up and down iff the score > this
+  std::vector<float> gate_scale;        // kGateFirst: (n_ff) the score's per-neuron scale
   std::vector<int32_t> device_neurons;  // the placement's device part (empty: all host)
   std::vector<int32_t> fire_count;      // (n_ff) firings in the profile (empty: none)
   // Mixture of experts: the placement's experts on the device, ascending (empty: all on the

@@ -16,18 +16,23 @@ float AbsHistBinUpper(int bin) {
   return v;
 }
 
-float LayerStats::AbsQuantile(double q) const {
+namespace {
+float HistQuantile(const std::vector<uint64_t>& hist, double q) {
   uint64_t total = 0;
-  for (uint64_t c : abs_hist) total += c;
+  for (uint64_t c : hist) total += c;
   if (total == 0) return 0.0f;
   const double target = std::clamp(q, 0.0, 1.0) * static_cast<double>(total);
   uint64_t cumulative = 0;
   for (int b = 0; b < kAbsHistBins; ++b) {
-    cumulative += abs_hist[b];
+    cumulative += hist[b];
     if (static_cast<double>(cumulative) >= target && cumulative > 0) return AbsHistBinUpper(b);
   }
   return AbsHistBinUpper(kAbsHistBins - 1);
 }
+}  // namespace
+
+float LayerStats::AbsQuantile(double q) const { return HistQuantile(abs_hist, q); }
+float LayerStats::GateScoreQuantile(double q) const { return HistQuantile(gate_hist, q); }
 
 double Sparsity(const std::vector<uint64_t>& fire_count, int64_t tokens) {
   if (tokens <= 0 || fire_count.empty()) return 0.0;
@@ -64,6 +69,10 @@ ActivationProfiler::ActivationProfiler(const LlamaHparams& hparams, const Profil
     s.fire_count.assign(n_ff_, 0);
     s.abs_sum.assign(n_ff_, 0.0);
     s.abs_hist.assign(kAbsHistBins, 0);
+    if (magnitude_) {
+      s.gate_hist.assign(kAbsHistBins, 0);
+      s.up_abs_sum.assign(n_ff_, 0.0);
+    }
     s.calibrated = !magnitude_;
   }
   n_expert_ = hparams.n_expert;
@@ -134,6 +143,31 @@ void ActivationProfiler::OnFfn(int layer, const float* x, int64_t n_embd, const 
       uint16_t* dst = xs_[layer].data() + slot * n_embd_;
       const float* src = x + t * n_embd;
       for (int64_t j = 0; j < n_embd_; ++j) dst[j] = FloatToHalf(src[j]);
+    }
+  }
+}
+
+void ActivationProfiler::OnGate(int layer, const float* gate, const float* up, int64_t n_ff,
+                                int64_t n_tokens) {
+  if (!magnitude_) return;
+  LayerStats& s = layers_[layer];
+  if (s.gate_scale.empty()) {  // calibrating the scale: mean |up| per neuron
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t i = 0; i < n_ff; ++i) s.up_abs_sum[i] += std::fabs(up[t * n_ff + i]);
+    }
+    s.up_tokens += n_tokens;
+    if (s.up_tokens >= options_.calibration_tokens) {
+      s.gate_scale.resize(n_ff);
+      for (int64_t i = 0; i < n_ff; ++i) {
+        s.gate_scale[i] = static_cast<float>(s.up_abs_sum[i] / static_cast<double>(s.up_tokens));
+      }
+    }
+    return;
+  }
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t i = 0; i < n_ff; ++i) {
+      const float g = gate[t * n_ff + i];
+      s.gate_hist[AbsHistBin(g / (1.0f + std::exp(-g)) * s.gate_scale[i])]++;
     }
   }
 }

@@ -5,7 +5,9 @@
 // "Fired" means |act| > threshold. For ReLU-family activations (ReGLU, dReLU) the threshold is
 // 0, i.e. act != 0. SwiGLU has no exact zeros: the first `calibration_tokens` tokens only feed
 // a histogram of |act| per layer, from which the threshold for `target_sparsity` is taken;
-// counting and sampling start after them.
+// counting and sampling start after them. SwiGLU tokens also calibrate gate-first layers
+// (engine/sparse/sparse_plan.h): a per-neuron scale from the same first tokens, then a
+// histogram of the score |silu(gate)| · scale.
 //
 // In a mixture-of-experts model it counts instead, per layer and expert, the tokens the router
 // sends to the expert (OnRouting): the routing frequency the placement solver places experts
@@ -44,12 +46,22 @@ struct LayerStats {
   std::vector<uint64_t> fire_count;  // (n_ff) tokens on which the neuron fired
   std::vector<double> abs_sum;       // (n_ff) sum of |act| over counted tokens
   std::vector<uint64_t> abs_hist;    // (kAbsHistBins) |act| of every neuron and token
-  uint64_t fired_total = 0;          // sum of fire_count
-  float threshold = 0.0f;            // fired iff |act| > threshold
+  // SwiGLU only: a gate-first layer's calibration. The score of neuron i on a token is
+  // |silu(gate_i)| · gate_scale[i], gate_scale its mean |up| over the first calibration_tokens
+  // tokens, so that the score ranks neurons as |act| = |silu(gate)| · |up| does on average;
+  // gate_hist holds the scores of every neuron and later token.
+  std::vector<double> up_abs_sum;  // (n_ff) over the calibration tokens
+  int64_t up_tokens = 0;
+  std::vector<float> gate_scale;    // (n_ff) once calibrated; empty before
+  std::vector<uint64_t> gate_hist;  // (kAbsHistBins)
+  uint64_t fired_total = 0;         // sum of fire_count
+  float threshold = 0.0f;           // fired iff |act| > threshold
   bool calibrated = false;
 
   // The |act| value below or at which a fraction q of all observed activations lie.
   float AbsQuantile(double q) const;
+  // The same of the gate-first score (0 when none was observed).
+  float GateScoreQuantile(double q) const;
 };
 
 // 1 - fired / (tokens * n): the mean fraction of neurons NOT firing per token.
@@ -64,6 +76,8 @@ class ActivationProfiler final : public FfnObserver {
   void OnFfn(int layer, const float* x, int64_t n_embd, const float* act, int64_t n_ff,
              int64_t n_tokens) override;
   void OnRouting(int layer, const int32_t* selected, int64_t k, int64_t n_tokens) override;
+  void OnGate(int layer, const float* gate, const float* up, int64_t n_ff,
+              int64_t n_tokens) override;
 
   int64_t n_layer() const { return n_layer_; }
   int64_t n_embd() const { return n_embd_; }

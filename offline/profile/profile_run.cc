@@ -73,6 +73,11 @@ class TeeObserver final : public FfnObserver {
     first_->OnRouting(layer, selected, k, n_tokens);
     if (second_ != nullptr) second_->OnRouting(layer, selected, k, n_tokens);
   }
+  void OnGate(int layer, const float* gate, const float* up, int64_t n_ff,
+              int64_t n_tokens) override {
+    first_->OnGate(layer, gate, up, n_ff, n_tokens);
+    if (second_ != nullptr) second_->OnGate(layer, gate, up, n_ff, n_tokens);
+  }
 
  private:
   FfnObserver* first_;

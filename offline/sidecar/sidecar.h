@@ -28,9 +28,14 @@ struct SidecarLayer {
   std::vector<int32_t> fire_count;       // (n_ff) tokens on which each neuron fired
   std::vector<float> act_abs_mean;       // (n_ff) mean |act| per neuron
   std::vector<float> act_abs_quantiles;  // (kQuantileLevels) of |act| over all neurons
-  float magnitude_threshold = 0.0f;      // fired iff |act| > this (0 for ReLU family)
-  double sparsity = 0;                   // mean fraction of neurons not firing per token
-  double skew80 = 0;                     // fraction of neurons carrying 80% of firings
+  // SwiGLU (empty otherwise, and in sidecars written before them): a gate-first layer's
+  // calibration. Neuron i's score is |silu(gate_i)| · gate_scale[i] (its mean |up|); the
+  // quantiles of the score over all neurons give the threshold for any target sparsity.
+  std::vector<float> gate_scale;            // (n_ff)
+  std::vector<float> gate_score_quantiles;  // (kQuantileLevels)
+  float magnitude_threshold = 0.0f;         // fired iff |act| > this (0 for ReLU family)
+  double sparsity = 0;                      // mean fraction of neurons not firing per token
+  double skew80 = 0;                        // fraction of neurons carrying 80% of firings
   // Predictor (rank 0: none).
   Predictor predictor;
   double recall = 0;

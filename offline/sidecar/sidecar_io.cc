@@ -186,6 +186,14 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
     for (const auto& [what, st] : adds) {
       if (!st.ok()) return st;
     }
+    if (!L.gate_score_quantiles.empty()) {
+      for (absl::Status st :
+           {w.AddTensorCopy(TensorName(l, "gate_scale"), GgmlType::kF32, {f}, Bytes(L.gate_scale)),
+            w.AddTensorCopy(TensorName(l, "gate_score_quantiles"), GgmlType::kF32,
+                            {kQuantileLevels}, Bytes(L.gate_score_quantiles))}) {
+        if (!st.ok()) return st;
+      }
+    }
     if (pr.rank > 0) {
       for (absl::Status st :
            {w.AddTensorCopy(TensorName(l, "pred_fc1"), GgmlType::kF16, {d, pr.rank},
@@ -360,6 +368,14 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
     if (st.ok())
       st = ReadTensor(f, TensorName(l, "act_abs_quantiles"), GgmlType::kF32, {kQuantileLevels},
                       &y.act_abs_quantiles, &unused_ints);
+    // Optional: sidecars of ReLU models, and those written before it, have none.
+    if (st.ok() && f.FindTensor(TensorName(l, "gate_score_quantiles")) != nullptr) {
+      st = ReadTensor(f, TensorName(l, "gate_score_quantiles"), GgmlType::kF32, {kQuantileLevels},
+                      &y.gate_score_quantiles, &unused_ints);
+      if (st.ok())
+        st = ReadTensor(f, TensorName(l, "gate_scale"), GgmlType::kF32, {nf}, &y.gate_scale,
+                        &unused_ints);
+    }
     if (st.ok() && pr.rank > 0) {
       pr.n_embd = d;
       pr.n_ff = nf;

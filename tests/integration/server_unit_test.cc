@@ -249,6 +249,8 @@ path = "/x/a.gguf"
 path = "/x/b.gguf"
 name = "bee"
 kv_type = "f32"
+sparse_method = "gate-first"
+target_sparsity = 0.4
 )";
   ServerConfig c;
   REQUIRE(LoadConfigFile(path, &c).ok());
@@ -266,6 +268,10 @@ kv_type = "f32"
   CHECK(c.models[1].name == "bee");
   CHECK(c.models[0].kv_type == "f16");  // the default, as llama.cpp's
   CHECK(c.models[1].kv_type == "f32");
+  CHECK(c.models[0].sparse_method == "predicted");  // the default: the predictors decide
+  CHECK(c.models[0].target_sparsity == 0);
+  CHECK(c.models[1].sparse_method == "gate-first");
+  CHECK(c.models[1].target_sparsity == 0.4);
   CHECK(c.threads_per_slot >= 1);
 
   std::ofstream(path) << "[server]\nprot = 1\n";
@@ -284,6 +290,17 @@ kv_type = "f32"
   CHECK(!s.ok());
   CHECK(std::string(s.message()).find("models.kv_type") != std::string::npos);
   CHECK(std::string(s.message()).find("'q8'") != std::string::npos);
+  for (const char* line : {"sparse_method = \"sideways\"", "target_sparsity = 1.0",
+                           "target_sparsity = -0.1"}) {
+    std::ofstream(path) << "[[models]]\npath = \"m\"\n" << line << "\n";
+    ServerConfig m;
+    REQUIRE(LoadConfigFile(path, &m).ok());
+    s = FinalizeConfig(&m);
+    INFO(line);
+    CHECK(!s.ok());
+    const std::string key = std::string(line).substr(0, std::string(line).find(' '));
+    CHECK(std::string(s.message()).find("models." + key) != std::string::npos);
+  }
   CHECK(ParseModelFlag("/a/b.gguf=name").name == "name");
   CHECK(ParseModelFlag("/a/b.gguf").path == "/a/b.gguf");
 }

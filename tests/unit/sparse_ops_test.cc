@@ -360,5 +360,116 @@ TEST_CASE("axpy kernels of every ISA equal the scalar kernels", "[sparse]") {
   }
 }
 
+// Gate-first rows (sparse_ops.h) of one type on every ISA against GateFirstRowsReference: the up
+// rows it reads are those whose score passes the threshold, except where a gate's dot is
+// within its error bound of the threshold; its output is the reference's over the same rows
+// within the bound carried from the gate and up dots (act' <= 1.2 for SiLU and GELU-tanh) plus
+// the axpy's float sums; it returns the rows that fired, a subset of those read.
+void CheckGateFirst(GgmlType type, FfnActivation act, int64_t n_ff, int64_t n_embd) {
+  ThreadPool pool(1);
+  const OwnedWeight gate = RandomWeight(type, n_ff, n_embd, 31);
+  const OwnedWeight up = RandomWeight(type, n_ff, n_embd, 32);
+  const OwnedWeight down = RandomWeight(type, n_embd, n_ff, 33);  // (n_embd, n_ff)
+  absl::StatusOr<OwnedWeight> dt = TransposeWeight(pool, down.view);
+  REQUIRE(dt.ok());
+  const WeightView& down_t = dt->view;
+  const std::vector<float> gf = Dequantized(gate.view), uf = Dequantized(up.view);
+  const std::vector<float> tf = Dequantized(down_t);
+  std::mt19937 rng(41);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n_embd);
+  for (float& f : x) f = dist(rng);
+  std::vector<int32_t> all(n_ff);
+  for (int32_t i = 0; i < n_ff; ++i) all[i] = i;
+  std::vector<float> g_ref(n_ff), u_ref(n_ff);
+  SparseMatVecReference(gate.view, x.data(), all.data(), n_ff, g_ref.data());
+  SparseMatVecReference(up.view, x.data(), all.data(), n_ff, u_ref.data());
+  // Per-slot score scales (a profile's mean |up|), and each slot's score by the reference.
+  std::uniform_real_distribution<float> scale_dist(0.25f, 2.0f);
+  std::vector<float> scale(n_ff);
+  for (float& f : scale) f = scale_dist(rng);
+  std::vector<double> bound_g(n_ff), bound_u(n_ff);
+  std::vector<float> a_abs(n_ff);
+  for (int64_t r = 0; r < n_ff; ++r) {
+    bound_g[r] = DotBound(type, gf.data() + r * n_embd, x.data(), n_embd, gate.view.row(r));
+    bound_u[r] = DotBound(type, uf.data() + r * n_embd, x.data(), n_embd, up.view.row(r));
+    a_abs[r] = std::fabs(GateActivation(act, g_ref[r])) * scale[r];
+  }
+  std::vector<float> sorted = a_abs;
+  std::sort(sorted.begin(), sorted.end());
+  const float median = sorted[n_ff / 2];
+  for (Isa isa : AvailableIsas()) {
+    if (KernelsFor(type, isa) == nullptr) continue;
+    std::vector<uint8_t> xp(PreparedBytes(type, n_embd));
+    PrepareActivations(type, isa, x.data(), n_embd, xp.data());
+    // Every slot, a partial list of candidates, none; thresholds: none, the median, above all.
+    const std::vector<int32_t> partial = ActiveSets(n_ff, 43)[3], none;
+    for (const std::vector<int32_t>* cand :
+         std::vector<const std::vector<int32_t>*>{&all, &partial, &none}) {
+      for (float thr : {0.0f, median, sorted.back() + 1.0f}) {
+        const int64_t n = static_cast<int64_t>(cand->size());
+        std::vector<int32_t> idx = *cand, up_idx(n + 1, -1);
+        std::vector<float> g(n + 1), u(n + 1), out(n_embd + 1, 0.5f);
+        int64_t n_up = -1;
+        const int64_t m = GateFirstRows(isa, act, gate.view, xp.data(), up.view, xp.data(), down_t,
+                                        idx.data(), n, thr, scale.data(), 0.0f, g.data(), u.data(),
+                                        out.data(), &n_up, up_idx.data());
+        INFO(TypeName(type) << " " << IsaName(isa) << " " << ActivationName(act) << " n_ff " << n_ff
+                            << " candidates " << n << " threshold " << thr);
+        REQUIRE(n_up >= m);
+        REQUIRE(n_up <= n);
+        REQUIRE(up_idx[n] == -1);  // nothing written past the list
+        REQUIRE(out[n_embd] == 0.5f);
+        // Which up rows it read: the reference's choice, up to gates at the threshold.
+        std::vector<uint8_t> read(n_ff, 0);
+        for (int64_t j = 0; j < n_up; ++j) read[up_idx[j]] = 1;
+        for (int32_t s : *cand) {
+          if ((read[s] != 0) != (a_abs[s] > thr)) {
+            INFO("slot " << s);
+            REQUIRE(std::fabs(a_abs[s] - thr) <= 1.2 * bound_g[s] * scale[s]);
+          }
+        }
+        for (int64_t j = 0; j < m; ++j) REQUIRE(read[idx[j]] == 1);  // fired ⊆ read
+        if (thr > sorted.back()) REQUIRE(n_up == 0);
+        // Its output against the reference over the same up rows (threshold -1: keeps all).
+        std::vector<int32_t> ref_idx(up_idx.begin(), up_idx.begin() + n_up);
+        std::vector<float> ref_g(n_up + 1), ref_out(n_embd, 0.5f);
+        const int64_t ref_m =
+            GateFirstRowsReference(act, gate.view, up.view, down_t, x.data(), ref_idx.data(), n_up,
+                                   -1.0f, nullptr, 0.0f, ref_g.data(), ref_out.data());
+        REQUIRE(ref_m <= n_up);
+        for (int64_t i = 0; i < n_embd; ++i) {
+          double bound = 0, mag = 0.5;
+          for (int64_t j = 0; j < n_up; ++j) {
+            const int32_t s = up_idx[j];
+            const double a = std::fabs(GateActivation(act, g_ref[s]));
+            const double dv =
+                1.2 * bound_g[s] * (std::fabs(u_ref[s]) + bound_u[s]) + a * bound_u[s];
+            const double w = std::fabs(tf[s * n_embd + i]);
+            bound += dv * w;
+            mag += (a * std::fabs(u_ref[s]) + dv) * w;
+          }
+          bound += (n_up + 2) * 2 * kEps * mag + 1e-30;
+          INFO("i " << i);
+          REQUIRE(std::fabs(out[i] - ref_out[i]) <= bound);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gate-first rows equal the scalar reference for every type and ISA", "[sparse]") {
+  for (GgmlType type : kTypes) {
+    const bool blocked = TypeInfo(type).block_size > 1;
+    // Odd sizes for the float types; whole blocks (down's rows are n_ff long) for the others.
+    CheckGateFirst(type, FfnActivation::kSilu, blocked ? Cols(type, 64) : 67,
+                   blocked ? Cols(type, 96) : 37);
+    CheckGateFirst(type, FfnActivation::kSilu, blocked ? Cols(type, 131) : 131,
+                   blocked ? Cols(type, 64) : 45);
+  }
+  CheckGateFirst(GgmlType::kQ8_0, FfnActivation::kGeluTanh, 96, 64);
+  CheckGateFirst(GgmlType::kF32, FfnActivation::kGeluTanh, 53, 29);
+}
+
 }  // namespace
 }  // namespace thermocline
