@@ -339,6 +339,24 @@ void SparseAxpyReference(const WeightView& w_t, const int32_t* idx, const float*
   for (int64_t i = 0; i < w_t.cols; ++i) out[i] = static_cast<float>(acc[i]);
 }
 
+namespace {
+// SparseRowDots, but consecutive rows (every slot of a chunk) one per kernel call in order, as
+// the dense mat-vec reads them, so the hardware prefetchers see one stream; grouped rows are
+// four streams, and per-row prefetches only cost instructions there. 1.1B Q4_0 gate-first at
+// 0.5, 1 thread: 11.8 → 17.0 tokens/s. Half-dense lists (the up rows) are faster grouped and
+// prefetched (17.0 against 14.3 one per call).
+void InOrderRowDots(Isa isa, const WeightView& w, const void* x, const int32_t* idx, int64_t n,
+                    float* y) {
+  if (n == 0) return;
+  if (idx[n - 1] - idx[0] + 1 != n) {
+    SparseRowDots(isa, w, x, idx, n, y);
+    return;
+  }
+  const RowDot dot = RowDotOrScalar(w.type, isa);
+  for (int64_t j = 0; j < n; ++j) y[j] = dot.Dot(w.cols, w.row(idx[j]), x);
+}
+}  // namespace
+
 float GateActivation(FfnActivation act, float g) {
   switch (act) {
     case FfnActivation::kSilu:
@@ -357,7 +375,7 @@ int64_t GateFirstRows(Isa isa, FfnActivation act, const WeightView& gate, const 
                       int32_t* idx, int64_t n, float gate_threshold, const float* scale,
                       float act_threshold, float* g, float* u, float* out, int64_t* n_up,
                       int32_t* up_idx) {
-  SparseRowDots(isa, gate, x_gate, idx, n, g);
+  InOrderRowDots(isa, gate, x_gate, idx, n, g);
   int64_t k = 0;
   for (int64_t j = 0; j < n; ++j) {
     const float a = GateActivation(act, g[j]);
