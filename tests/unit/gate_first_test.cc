@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 
+#include "allocation_count.h"
 #include "engine/model/session.h"
 #include "engine/runtime/perplexity.h"
 #include "model_fixtures.h"
@@ -205,6 +206,33 @@ TEST_CASE("auto: gate-first for SwiGLU, the predictors for ReLU", "[sparse]") {
       offline::SparsePlanFromSidecar(old, CachedModel(swiglu), 0.5, offline::MethodChoice::kAuto);
   REQUIRE(old_auto.ok());
   for (const SparseLayerPlan& p : old_auto->layers) CHECK(p.method == SparseMethod::kPredicted);
+}
+
+TEST_CASE("a gate-first decode step allocates nothing", "[sparse]") {
+#if THERMOCLINE_COUNT_ALLOCATIONS
+  const std::string path = TestModelPath("stories260K.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("stories260K.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  ThreadPool pool(2);
+  auto plan = offline::SparsePlanFromSidecar(ProfiledSidecar("stories260K.gguf"), model, 0.5,
+                                             offline::MethodChoice::kGateFirst);
+  REQUIRE(plan.ok());
+  auto sparse = testing::NewEngineSession(model, *std::move(plan), pool, EveryToken());
+  Session& s = sparse->session();
+  const std::vector<int32_t> prompt = {1, 403, 261, 290, 7, 45, 300, 41};
+  REQUIRE(s.Eval(prompt).ok());
+  const int64_t n_vocab = model.hparams().n_vocab;
+  const int64_t before = testing::AllocationCount();
+  for (int i = 0; i < 8; ++i) {
+    const float* l = s.logits();
+    const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+    REQUIRE(s.Eval({&next, 1}).ok());
+  }
+  CHECK(testing::AllocationCount() == before);
+  CHECK(sparse->sparse()->stats().up_rows > 0);
+#else
+  THERMOCLINE_SKIP("allocation counting is off under sanitizers");
+#endif
 }
 
 TEST_CASE("the gate's quantiles survive the sidecar file", "[sparse]") {
