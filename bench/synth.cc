@@ -14,9 +14,9 @@
 #include "engine/model/cpu_ops.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
-#include "engine/runtime/engine.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/type_table.h"
+#include "engine/runtime/engine.h"
 
 namespace thermocline {
 namespace {
@@ -190,9 +190,8 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
   const int64_t head_dim = o.n_embd / o.n_head;
   const bool sparse = o.sparsity > 0;
   const bool moe = o.n_expert > 0;
-  if (moe && (sparse || o.n_expert_used < 1 || o.n_expert_used > o.n_expert)) {
-    return absl::InvalidArgumentError(
-        "synth: --experts needs 1 <= --experts-used <= --experts, and no --sparsity");
+  if (moe && (o.n_expert_used < 1 || o.n_expert_used > o.n_expert)) {
+    return absl::InvalidArgumentError("synth: --experts needs 1 <= --experts-used <= --experts");
   }
   std::vector<double> firing;
   if (sparse) {
@@ -288,19 +287,43 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
     if (moe) {
       // Expert e's rows follow expert e - 1's: the 3-D tensors (n_embd, n_ff, n_expert) and
       // (n_ff, n_embd, n_expert) hold n_expert matrices one after another.
-      auto add_experts = [&](const std::string& name, int64_t rows, int64_t cols) {
-        return w.AddTensorCopy(name, o.type, {cols, rows, o.n_expert},
-                               RandomMatrix(rows * o.n_expert, cols, o.type, ++seed, pool, 1.0f,
-                                            nullptr));
+      // With a sparsity every expert's neurons fire as a dense sparse model's do (its own
+      // biases and directions, from its own seed), and its down never writes dimension 0.
+      auto add_experts = [&](const std::string& name, int64_t rows, int64_t cols, float scale,
+                             const std::function<void(int64_t, float*)>& edit) {
+        return w.AddTensorCopy(
+            name, o.type, {cols, rows, o.n_expert},
+            RandomMatrix(rows * o.n_expert, cols, o.type, ++seed, pool, scale, edit));
+      };
+      std::vector<uint64_t> expert_seed(o.n_expert);
+      std::vector<std::vector<float>> z(o.n_expert), basis(o.n_expert);
+      for (int64_t e = 0; sparse && e < o.n_expert; ++e) {
+        expert_seed[e] = LayerSeed(o, l) * 131 + static_cast<uint64_t>(e) + 1;
+        z[e] = GateBiases(firing, expert_seed[e]);
+        basis[e] = GateBasis(o.n_embd, expert_seed[e]);
+      }
+      const std::function<void(int64_t, float*)> gate_rows = [&](int64_t row, float* v) {
+        const int64_t e = row / o.n_ff, r = row % o.n_ff;
+        MakeGateRow(basis[e], z[e][r], expert_seed[e], r, o.n_embd, v);
+      };
+      const std::function<void(int64_t, float*)> down_rows = [&](int64_t row, float* v) {
+        if (row % o.n_embd == 0) std::fill_n(v, o.n_ff, 0.0f);
       };
       if (s.ok()) {
-        s = w.AddTensorCopy(b + "ffn_gate_inp.weight", GgmlType::kF32, {o.n_embd, o.n_expert},
-                            RandomMatrix(o.n_expert, o.n_embd, GgmlType::kF32, ++seed, pool, 1.0f,
-                                         nullptr));
+        s = w.AddTensorCopy(
+            b + "ffn_gate_inp.weight", GgmlType::kF32, {o.n_embd, o.n_expert},
+            RandomMatrix(o.n_expert, o.n_embd, GgmlType::kF32, ++seed, pool, 1.0f, nullptr));
       }
-      if (s.ok()) s = add_experts(b + "ffn_gate_exps.weight", o.n_ff, o.n_embd);
-      if (s.ok()) s = add_experts(b + "ffn_up_exps.weight", o.n_ff, o.n_embd);
-      if (s.ok()) s = add_experts(b + "ffn_down_exps.weight", o.n_embd, o.n_ff);
+      if (s.ok()) {
+        s = sparse ? add_experts(b + "ffn_gate_exps.weight", o.n_ff, o.n_embd,
+                                 std::sqrt(kGateNoise), gate_rows)
+                   : add_experts(b + "ffn_gate_exps.weight", o.n_ff, o.n_embd, 1.0f, nullptr);
+      }
+      if (s.ok()) s = add_experts(b + "ffn_up_exps.weight", o.n_ff, o.n_embd, 1.0f, nullptr);
+      if (s.ok()) {
+        s = sparse ? add_experts(b + "ffn_down_exps.weight", o.n_embd, o.n_ff, out_scale, down_rows)
+                   : add_experts(b + "ffn_down_exps.weight", o.n_embd, o.n_ff, 1.0f, nullptr);
+      }
       continue;
     }
     if (sparse) {
@@ -328,6 +351,10 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
 namespace thermocline {
 
 absl::StatusOr<std::vector<SynthPredictor>> SynthPredictors(const SynthOptions& o) {
+  if (o.n_expert > 0) {
+    return absl::InvalidArgumentError(
+        "synth: a mixture's experts are placed whole; --sidecar predictors are for a dense FFN");
+  }
   if (o.sparsity <= 0) {
     return absl::InvalidArgumentError("synth: predictors exist only for a --sparsity model");
   }

@@ -43,7 +43,8 @@ struct SynthOptions {
   double hot_fraction = 0.05;
   // A Mixtral-style mixture of experts when n_expert > 0: every layer's FFN is n_expert random
   // experts of n_ff neurons (ffn_{gate,up,down}_exps) and a random F32 router (ffn_gate_inp)
-  // choosing n_expert_used of them per token. Not with sparsity.
+  // choosing n_expert_used of them per token. With a sparsity (ReLU family), every expert's
+  // neurons fire like a sparse dense FFN's, each expert from its own seed.
   int64_t n_expert = 0;
   int64_t n_expert_used = 0;
 };

@@ -91,7 +91,8 @@ int RunSynth(int argc, char** argv) {
         "                    with a power-law firing frequency (0.5 .. 0.999; default: random)\n"
         "  --hot-fraction H  fraction of neurons that fire for most tokens (default 0.05)\n"
         "  --experts E --experts-used K  a Mixtral-style mixture of E experts of --ff neurons\n"
-        "                    each, K routed per token (a random router)\n"
+        "                    each, K routed per token (a random router); with --sparsity each\n"
+        "                    expert's neurons fire so (no --sidecar: experts are placed whole)\n"
         "  --sidecar FILE    with --sparsity: also write a sidecar holding the predictors the\n"
         "                    model's construction implies (no profiling needed for benchmarks),\n"
         "                    thresholded for recall 0.99 on 128 tokens as profile would\n",

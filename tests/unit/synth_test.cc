@@ -8,6 +8,8 @@
 
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
+#include "engine/sparse/moe_ffn.h"
+#include "model_fixtures.h"
 #include "test_util.h"
 
 namespace thermocline {
@@ -96,6 +98,36 @@ TEST_CASE("synth --sparsity makes ReLU neurons fire at the asked rate", "[synth]
   }
   o.activation = FfnActivation::kSilu;
   CHECK_FALSE(SynthesizeModel(o, path, pool).ok());
+}
+
+TEST_CASE("synth --experts with --sparsity: every expert's neurons fire at the asked rate",
+          "[synth][moe]") {
+  SynthOptions o = SparseOptions(GgmlType::kF32);
+  o.n_expert = 4;
+  o.n_expert_used = 2;
+  ThreadPool pool(2);
+  const std::string path = (testing::TempDir() / "synth-sparse-moe.gguf").string();
+  REQUIRE(SynthesizeModel(o, path, pool).ok());
+  auto model = LlamaModel::Load(path);
+  REQUIRE(model.ok());
+  REQUIRE((*model)->hparams().n_expert == 4);
+  SparsePlan every_expert_on_the_host;
+  every_expert_on_the_host.layers.resize(o.n_layer);
+  EngineOptions eo;
+  eo.n_ctx = 256;
+  auto s = testing::NewEngineSession(**model, std::move(every_expert_on_the_host), pool, eo);
+  REQUIRE(s->moe() != nullptr);
+  for (int i = 0; i < 96; ++i) {  // decode steps: the host experts compute firing neurons only
+    const int32_t token = static_cast<int32_t>((i * 7919 + 3) % 2000);
+    REQUIRE(s->session().Eval({&token, 1}).ok());
+  }
+  const MoeFfn& moe = *s->moe();
+  REQUIRE(moe.host_expert_calls() > 0);
+  const double fired = static_cast<double>(moe.host_expert_neurons()) /
+                       (static_cast<double>(moe.host_expert_calls()) * o.n_ff);
+  CHECK(fired == Approx(0.1).margin(0.03));  // --sparsity 0.9, as the dense FFN's test
+  // Experts are placed whole: no implied predictors.
+  CHECK(!SynthPredictors(o).ok());
 }
 
 // Runs the implied predictors of `predictors` on each token's FFN input (the norms of a
