@@ -30,8 +30,8 @@ struct PackScope {
 class PackedWeights {
  public:
   // Re-lays the Q4_0 matrices of `scope` (other types stay as they are), parallel over the pool.
-  static std::shared_ptr<const PackedWeights> Build(const LlamaModel& model,
-                                                    const PackScope& scope, ThreadPool& pool);
+  static std::shared_ptr<const PackedWeights> Build(const LlamaModel& model, const PackScope& scope,
+                                                    ThreadPool& pool);
 
   // The view the dense path reads for the model's view w: its re-laid copy, or w itself.
   const WeightView& Resolve(const WeightView& w) const;

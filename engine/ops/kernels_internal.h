@@ -91,8 +91,7 @@ struct GemmKernels {
 inline constexpr int kQ4GroupRows = 16;
 inline constexpr int64_t kQ4GroupBlockBytes = 4 * kQ4GroupRows * 4;  // quants of one block
 inline constexpr size_t Q4GroupBytes(int64_t n) {
-  return static_cast<size_t>((n / kQK4_0 * (kQ4GroupBlockBytes + 2 * kQ4GroupRows) + 63) / 64 *
-                             64);
+  return static_cast<size_t>((n / kQK4_0 * (kQ4GroupBlockBytes + 2 * kQ4GroupRows) + 63) / 64 * 64);
 }
 
 // The kernels of one ISA over Q4_0 row groups. Activations are tile rows (TileRowBytes) with
@@ -101,8 +100,8 @@ struct Q4GroupKernels {
   // tile_row = x (n floats) quantized to Q8_0, as the tile layout above.
   void (*quantize)(const float* x, int64_t n, int offset, uint8_t* tile_row);
   // y[r] = dot(row r, tile row act) for r < rows: the groups from w on, group_bytes apart.
-  void (*matvec)(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows,
-                 const uint8_t* act, float* y);
+  void (*matvec)(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows, const uint8_t* act,
+                 float* y);
   // y[t * y_stride + r] = dot(row r, tile row t) for r < rows <= gemm_rows, t < n_tokens.
   void (*gemm)(int64_t n, const uint8_t* w, size_t group_bytes, int rows, const uint8_t* act,
                size_t act_stride, int64_t n_tokens, float* y, int64_t y_stride);

@@ -97,8 +97,8 @@ void RunTiles(ThreadPool& pool, int64_t rows, int64_t n_tokens, float* y, const 
 
 // MatMul over Q4_0 row groups: x quantized once per token into tile rows, then the groups
 // shared out as RunTiles shares rows (decode) or as the gemm's row groups (prefill).
-void GroupsMatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens,
-                  float* y, uint8_t* scratch_data, size_t scratch_bytes, Isa isa) {
+void GroupsMatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens, float* y,
+                  uint8_t* scratch_data, size_t scratch_bytes, Isa isa) {
   const ops_internal::Q4GroupKernels& k = ops_internal::TableOf(isa).q4_groups;
   const int64_t cols = w.cols, rows = w.rows;
   const size_t stride = static_cast<size_t>(TileRowBytes(cols));
@@ -132,9 +132,8 @@ void GroupsMatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t
 
 // MatMulSameInput's one pass for Q4_0 row groups of one token: x quantized once, the groups of
 // all the matrices shared out as one range (at most 4 matrices).
-void GroupsMatVecSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w,
-                           const float* x, absl::Span<float* const> y, MatMulScratch& scratch,
-                           Isa isa) {
+void GroupsMatVecSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, const float* x,
+                           absl::Span<float* const> y, MatMulScratch& scratch, Isa isa) {
   const ops_internal::Q4GroupKernels& k = ops_internal::TableOf(isa).q4_groups;
   constexpr int64_t kGroupRows = ops_internal::kQ4GroupRows;
   const int64_t cols = w[0]->cols;
@@ -255,8 +254,7 @@ void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, co
   constexpr size_t kMaxShared = 4;  // matrices one shared pass takes (Q, K, V and one more)
   bool shared = n_tokens == 1 && quant != nullptr && w.size() <= kMaxShared;
   for (const WeightView* m : w) {
-    shared = shared && m->type == w[0]->type && m->cols == w[0]->cols &&
-             m->layout == w[0]->layout;
+    shared = shared && m->type == w[0]->type && m->cols == w[0]->cols && m->layout == w[0]->layout;
   }
   if (shared && w[0]->layout == WeightLayout::kQ4_0Groups) {
     GroupsMatVecSameInput(pool, w, x, y, scratch, isa);

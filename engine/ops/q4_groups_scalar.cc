@@ -52,8 +52,8 @@ float GroupRowDot(int64_t nb, const uint8_t* group, int i, const uint8_t* act) {
   return sum;
 }
 
-void MatVecScalar(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows,
-                  const uint8_t* act, float* y) {
+void MatVecScalar(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows, const uint8_t* act,
+                  float* y) {
   for (int64_t r = 0; r < rows; ++r) {
     y[r] = GroupRowDot(n / kQK8_0, w + r / kQ4GroupRows * group_bytes,
                        static_cast<int>(r % kQ4GroupRows), act);

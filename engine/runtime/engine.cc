@@ -87,8 +87,7 @@ PackScope Engine::DenseCpuScope() const {
   if (use_device_) {
     // Device layers upload the file's rows for every session (and a session that finds the
     // budget spent runs them here from the same rows).
-    for (int64_t l = 0; l < n_layer && l < static_cast<int64_t>(layers_spec_.layers.size());
-         ++l) {
+    for (int64_t l = 0; l < n_layer && l < static_cast<int64_t>(layers_spec_.layers.size()); ++l) {
       if (!layers_spec_.layers[l]) continue;
       scope.attention[l] = 0;
       if (whole_layers_) scope.ffn[l] = 0;

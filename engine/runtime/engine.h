@@ -137,7 +137,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // dense matrices.
   uint64_t host_bytes() const {
     return (weights_ != nullptr ? weights_->bytes() : 0) +
-           (experts_ != nullptr ? experts_->bytes() : 0) + (packed_ != nullptr ? packed_->bytes() : 0);
+           (experts_ != nullptr ? experts_->bytes() : 0) +
+           (packed_ != nullptr ? packed_->bytes() : 0);
   }
   // Of the model's mapped file, the pages those copies replaced (released once copied:
   // SparseWeights, ExpertWeights, PackedWeights).

@@ -203,8 +203,8 @@ TEST_CASE("what a device layer or the sparse FFN reads is not re-laid", "[packed
     if (model.output().type == GgmlType::kQ4_0) CHECK(Packed(e, model.output()));
     // The sparse copies and the re-laid attention are both counted.
     CHECK(e.host_bytes() == e.sparse_weights()->bytes() + e.packed_weights()->bytes());
-    CHECK(e.released_file_bytes() == e.sparse_weights()->released_file_bytes() +
-                                         e.packed_weights()->released_file_bytes());
+    CHECK(e.released_file_bytes() ==
+          e.sparse_weights()->released_file_bytes() + e.packed_weights()->released_file_bytes());
   }
 }
 
