@@ -182,7 +182,8 @@ int RunBench(int argc, char** argv) {
                    "--activation", "--sparse", "--sidecar", "--target-sparsity", "--sparse-method",
                    "--gpu-profile", "--output", "--gpu-memory", "--gpu-layers",
                    "--hardware-profile", "--json-schema", "--prompt", "--kv-type"},
-                  {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in"},
+                  {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in",
+                   "--no-repack"},
                   {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
   if (args->Has("--help")) {
@@ -190,7 +191,9 @@ int RunBench(int argc, char** argv) {
         "usage: thermocline bench -m MODEL [--prompt-tokens 64] [--gen-tokens 64] "
         "[--threads N] [--repetitions 5] [--json]\n"
         "  --activation A           override the FFN activation: silu | relu | drelu\n"
-        "  --kv-type f16|f32        KV cache element type (default f16, as llama.cpp's)");
+        "  --kv-type f16|f32        KV cache element type (default f16, as llama.cpp's)\n"
+        "  --no-repack              read Q4_0 as the file's rows (default: re-laid at load in\n"
+        "                           groups of 16 rows for the CPU's dense path)");
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     std::puts(
@@ -240,6 +243,7 @@ int RunBench(int argc, char** argv) {
   EngineOptions engine_options;
   engine_options.n_ctx = o.prompt_tokens + o.gen_tokens + 1;
   engine_options.max_batch = std::clamp<int64_t>(o.prompt_tokens, 1, 4096);
+  engine_options.repack = !args->Has("--no-repack");
   // --sparse-method A,B,...: each method against dense in turn, the same dense engine.
   const std::vector<std::string> methods =
       absl::StrSplit(args->Get("--sparse-method").value_or("predicted"), ',');

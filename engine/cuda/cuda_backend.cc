@@ -27,6 +27,12 @@ cudaStream_t StreamOf(gpu::Queue* queue) {
 }
 
 absl::StatusOr<KType> KernelType(const WeightView& w) {
+  if (w.layout != WeightLayout::kRows) {
+    // The engine re-lays only what the CPU alone reads (PackedWeights); device uploads read
+    // the model's views.
+    return absl::InvalidArgumentError(
+        "a matrix re-laid for the CPU's kernels cannot be uploaded: upload the model's rows");
+  }
   const WeightTypeRow* row = FindWeightType(w.type);
   if (row == nullptr || row->device == DeviceKernel::kNone) {
     return absl::InvalidArgumentError(

@@ -70,7 +70,18 @@ Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64
     eo_.resize(max_batch * h.n_embd);
   }
   logits_.resize(h.n_vocab);
+  set_packed_weights(nullptr);
   scratch_.Reserve(max_batch, std::max({h.n_embd, n_ff, h.q_dim(), h.o_dim()}));
+}
+
+void Session::set_packed_weights(const PackedWeights* packed) {
+  auto view = [&](const WeightView& w) { return packed != nullptr ? &packed->Resolve(w) : &w; };
+  dense_.clear();
+  for (const LayerWeights& L : model_.layers()) {
+    dense_.push_back({view(L.wq), view(L.wk), view(L.wv), view(L.wo), view(L.ffn_gate),
+                      view(L.ffn_up), view(L.ffn_down)});
+  }
+  output_ = view(model_.output());
 }
 
 absl::Status Session::Eval(absl::Span<const int32_t> tokens, float* all_logits) {
@@ -156,11 +167,11 @@ absl::Status Session::Forward(const int32_t* tokens, int64_t n, float* all_logit
     RmsNorm(x_.data() + t * d, model_.output_norm().data(), d, h.rms_eps, xb_.data() + t * d);
   }
   if (all_logits != nullptr) {
-    MatMul(*pool_, model_.output(), xb_.data(), n, all_logits, scratch_);
+    MatMul(*pool_, *output_, xb_.data(), n, all_logits, scratch_);
     if (h.final_softcap > 0) SoftCap(all_logits, n * h.n_vocab, h.final_softcap);
     std::copy(all_logits + (n - 1) * h.n_vocab, all_logits + n * h.n_vocab, logits_.begin());
   } else {
-    MatMul(*pool_, model_.output(), xb_.data() + (n - 1) * d, 1, logits_.data(), scratch_);
+    MatMul(*pool_, *output_, xb_.data() + (n - 1) * d, 1, logits_.data(), scratch_);
     if (h.final_softcap > 0) SoftCap(logits_.data(), h.n_vocab, h.final_softcap);
   }
   n_past_ += n;
@@ -176,14 +187,15 @@ void Session::CpuLayer(int l, int64_t n) {
   for (int64_t t = 0; t < n; ++t) {
     RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
   }
-  const WeightView* qkv[] = {&L.wq, &L.wk, &L.wv};
+  const DenseViews& W = dense_[l];
+  const WeightView* qkv[] = {W.wq, W.wk, W.wv};
   float* const qkv_out[] = {q_.data(), k_.data(), v_.data()};
   MatMulSameInput(*pool_, qkv, xb_.data(), n, qkv_out, scratch_);
   if (!L.bq.empty()) AddBias(q_.data(), n, h.q_dim(), L.bq.data());
   if (!L.bk.empty()) AddBias(k_.data(), n, h.kv_dim(), L.bk.data());
   if (!L.bv.empty()) AddBias(v_.data(), n, h.v_dim(), L.bv.data());
   Attention(l, n);
-  MatMul(*pool_, L.wo, att_out_.data(), n, xb_.data(), scratch_);
+  MatMul(*pool_, *W.wo, att_out_.data(), n, xb_.data(), scratch_);
   if (!L.bo.empty()) AddBias(xb_.data(), n, d, L.bo.data());
   if (!L.post_attn_norm.empty()) {
     for (int64_t t = 0; t < n; ++t) {
@@ -216,12 +228,13 @@ void Session::DenseFfn(int layer, const float* x, const float* xn, int64_t n, fl
     MoeFfn(layer, xn, n, out);
     return;
   }
-  MatMul(*pool_, L.ffn_gate, xn, n, gate_.data(), scratch_);
-  MatMul(*pool_, L.ffn_up, xn, n, up_.data(), scratch_);
+  const DenseViews& W = dense_[layer];
+  MatMul(*pool_, *W.gate, xn, n, gate_.data(), scratch_);
+  MatMul(*pool_, *W.up, xn, n, up_.data(), scratch_);
   if (observer_ != nullptr) observer_->OnGate(layer, gate_.data(), up_.data(), h.n_ff, n);
   GatedActivation(h.activation, gate_.data(), up_.data(), n * h.n_ff);
   if (observer_ != nullptr) observer_->OnFfn(layer, x, h.n_embd, gate_.data(), h.n_ff, n);
-  MatMul(*pool_, L.ffn_down, gate_.data(), n, out, scratch_);
+  MatMul(*pool_, *W.down, gate_.data(), n, out, scratch_);
 }
 
 void Session::MoeFfn(int layer, const float* xn, int64_t n, float* out) {

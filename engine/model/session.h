@@ -14,6 +14,7 @@
 #include "engine/model/ffn_backend.h"
 #include "engine/model/layer_backend.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/packed_weights.h"
 #include "engine/model/rope.h"
 #include "engine/ops/matmul.h"
 #include "engine/util/huge_pages.h"
@@ -82,6 +83,9 @@ class Session {
   // KV cache; the observer does not see them) and the rest here. The backend must outlive its
   // use by this session and be built for its n_ctx and max_batch.
   void set_layer_backend(LayerBackend* backend) { layer_backend_ = backend; }
+  // The dense path reads the re-laid copies of `packed` where it has them (nullptr: the model's
+  // views). They must outlive their use by this session.
+  void set_packed_weights(const PackedWeights* packed);
   LayerBackend* layer_backend() const { return layer_backend_; }
   int64_t max_batch() const { return max_batch_; }
   KvType kv_type() const { return kv_type_; }
@@ -109,6 +113,18 @@ class Session {
   const int64_t max_batch_;
   const KvType kv_type_;
   int64_t n_past_ = 0;
+  // The matrices the dense path reads: the model's views, or their re-laid copies.
+  struct DenseViews {
+    const WeightView* wq;
+    const WeightView* wk;
+    const WeightView* wv;
+    const WeightView* wo;
+    const WeightView* gate;
+    const WeightView* up;
+    const WeightView* down;
+  };
+  std::vector<DenseViews> dense_;  // (n_layer)
+  const WeightView* output_ = nullptr;
   FfnObserver* observer_ = nullptr;
   FfnBackend* ffn_backend_ = nullptr;
   LayerBackend* layer_backend_ = nullptr;

@@ -79,6 +79,35 @@ struct GemmKernels {
   size_t (*row_bytes)(int64_t n);  // of a tile row of n elements (quantized types)
 };
 
+// Q4_0 in row groups (weight_layout.h's PackQ4_0Groups, built once at load): the rows in groups
+// of kQ4GroupRows (the last group padded with zero rows), group g at g * Q4GroupBytes(n):
+//   uint8  qs[nb][4][kQ4GroupRows][4]   block b, chunk c, row r: bytes 4c .. 4c+3 of row r's
+//                                       block b (low nibbles: elements 4c .. 4c+3, high
+//                                       nibbles: elements 16+4c .. 16+4c+3)
+//   uint16 d[nb][kQ4GroupRows]          the blocks' fp16 scales
+// padded to 64 bytes. A vector of 16 rows' 4-byte chunks is one load, and its two nibble
+// halves each meet one broadcast of 4 activation quants: an int8 dot then adds 4 products
+// into every row's own int32 lane (the gemm's repacked layout, with nibbles still packed).
+inline constexpr int kQ4GroupRows = 16;
+inline constexpr int64_t kQ4GroupBlockBytes = 4 * kQ4GroupRows * 4;  // quants of one block
+inline constexpr size_t Q4GroupBytes(int64_t n) {
+  return static_cast<size_t>((n / kQK4_0 * (kQ4GroupBlockBytes + 2 * kQ4GroupRows) + 63) / 64 * 64);
+}
+
+// The kernels of one ISA over Q4_0 row groups. Activations are tile rows (TileRowBytes) with
+// offset 8 (the weights are the unsigned nibbles, w + 8).
+struct Q4GroupKernels {
+  // tile_row = x (n floats) quantized to Q8_0, as the tile layout above.
+  void (*quantize)(const float* x, int64_t n, int offset, uint8_t* tile_row);
+  // y[r] = dot(row r, tile row act) for r < rows: the groups from w on, group_bytes apart.
+  void (*matvec)(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows, const uint8_t* act,
+                 float* y);
+  // y[t * y_stride + r] = dot(row r, tile row t) for r < rows <= gemm_rows, t < n_tokens.
+  void (*gemm)(int64_t n, const uint8_t* w, size_t group_bytes, int rows, const uint8_t* act,
+               size_t act_stride, int64_t n_tokens, float* y, int64_t y_stride);
+  int gemm_rows;  // a multiple of kQ4GroupRows
+};
+
 // kernels.h's AttendHead (its general form).
 using AttendFn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                           const float* k, int64_t k_stride, const float* v, int64_t v_stride,
@@ -105,12 +134,16 @@ struct IsaKernels {
   int n_types;
   AttendFn attend;
   AttendF16Fn attend_f16;
+  Q4GroupKernels q4_groups;
 };
 
 const IsaKernels& ScalarKernels();      // kernels_scalar.cc
 const IsaKernels& Avx2Kernels();        // kernels_avx2.cc
 const IsaKernels& Avx512Kernels();      // kernels_avx512.cc
 const IsaKernels& Avx512VnniKernels();  // kernels_vnni_avx512.cc
+
+// The scalar Q4_0 row-group kernels (q4_groups_scalar.cc).
+Q4GroupKernels ScalarQ4GroupKernels();
 
 // The scalar entries of the types beyond Q8_0 / Q4_0 and of Q8_K (kernels_scalar_quants.cc).
 std::vector<IsaTypeKernels> ScalarQuantTypes();

@@ -316,7 +316,8 @@ std::vector<IsaTypeKernels> ScalarTypes() {
 const IsaKernels& ScalarKernels() {
   static const std::vector<IsaTypeKernels> types = ScalarTypes();
   static const IsaKernels kernels = {types.data(), static_cast<int>(types.size()),
-                                     AttendScalar<float>, AttendScalar<uint16_t>};
+                                     AttendScalar<float>, AttendScalar<uint16_t>,
+                                     ScalarQ4GroupKernels()};
   return kernels;
 }
 

@@ -95,6 +95,72 @@ void RunTiles(ThreadPool& pool, int64_t rows, int64_t n_tokens, float* y, const 
   });
 }
 
+// MatMul over Q4_0 row groups: x quantized once per token into tile rows, then the groups
+// shared out as RunTiles shares rows (decode) or as the gemm's row groups (prefill).
+void GroupsMatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens, float* y,
+                  uint8_t* scratch_data, size_t scratch_bytes, Isa isa) {
+  const ops_internal::Q4GroupKernels& k = ops_internal::TableOf(isa).q4_groups;
+  const int64_t cols = w.cols, rows = w.rows;
+  const size_t stride = static_cast<size_t>(TileRowBytes(cols));
+  if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
+  ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
+    k.quantize(x + t * cols, cols, /*offset=*/8, scratch_data + t * stride);
+  });
+  constexpr int64_t kGroupRows = ops_internal::kQ4GroupRows;
+  const size_t group_bytes = ops_internal::Q4GroupBytes(cols);
+  const int64_t n_groups = (rows + kGroupRows - 1) / kGroupRows;
+  if (n_tokens == 1) {
+    const int64_t block =
+        std::min(kRowBlock / kGroupRows, (n_groups + pool.size() - 1) / pool.size());
+    pool.ParallelShares(n_groups, block, [&](int64_t g0, int64_t g1) {
+      k.matvec(cols, w.data + g0 * group_bytes, group_bytes,
+               std::min(rows, g1 * kGroupRows) - g0 * kGroupRows, scratch_data,
+               y + g0 * kGroupRows);
+    });
+    return;
+  }
+  const int64_t per_call = k.gemm_rows / kGroupRows;
+  ParallelChunks(pool, n_groups, per_call, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; g += per_call) {
+      const int64_t r0 = g * kGroupRows;
+      k.gemm(cols, w.data + g * group_bytes, group_bytes,
+             static_cast<int>(std::min<int64_t>(k.gemm_rows, rows - r0)), scratch_data, stride,
+             n_tokens, y + r0, rows);
+    }
+  });
+}
+
+// MatMulSameInput's one pass for Q4_0 row groups of one token: x quantized once, the groups of
+// all the matrices shared out as one range (at most 4 matrices).
+void GroupsMatVecSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, const float* x,
+                           absl::Span<float* const> y, MatMulScratch& scratch, Isa isa) {
+  const ops_internal::Q4GroupKernels& k = ops_internal::TableOf(isa).q4_groups;
+  constexpr int64_t kGroupRows = ops_internal::kQ4GroupRows;
+  const int64_t cols = w[0]->cols;
+  uint8_t* act = Align64(scratch.data());
+  if (static_cast<size_t>(TileRowBytes(cols)) + static_cast<size_t>(act - scratch.data()) >
+      scratch.size()) {
+    Fatal("scratch too small", *w[0]);
+  }
+  k.quantize(x, cols, /*offset=*/8, act);
+  const size_t group_bytes = ops_internal::Q4GroupBytes(cols);
+  int64_t first[5] = {0};
+  for (size_t i = 0; i < w.size(); ++i) {
+    first[i + 1] = first[i] + (w[i]->rows + kGroupRows - 1) / kGroupRows;
+  }
+  pool.ParallelShares(first[w.size()], kRowBlock / kGroupRows, [&](int64_t g0, int64_t g1) {
+    for (size_t i = 0; i < w.size(); ++i) {
+      const int64_t begin = std::max(g0, first[i]) - first[i];
+      const int64_t end = std::min(g1, first[i + 1]) - first[i];
+      if (begin >= end) continue;
+      const WeightView& m = *w[i];
+      k.matvec(cols, m.data + begin * group_bytes, group_bytes,
+               std::min(m.rows, end * kGroupRows) - begin * kGroupRows, act,
+               y[i] + begin * kGroupRows);
+    }
+  });
+}
+
 }  // namespace
 
 void MatMulScratch::Reserve(int64_t max_tokens, int64_t max_cols) {
@@ -115,12 +181,16 @@ void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tok
 void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens, float* y,
             MatMulScratch& scratch, Isa isa) {
   if (n_tokens <= 0 || w.rows <= 0) return;
-  const TypeKernels* kernels = KernelsFor(w.type, isa);
-  if (kernels == nullptr) Fatal("no kernels for this type and ISA", w);
-  const int64_t cols = w.cols;
   uint8_t* scratch_data = Align64(scratch.data());
   const size_t pad = static_cast<size_t>(scratch_data - scratch.data());
   const size_t scratch_bytes = scratch.size() > pad ? scratch.size() - pad : 0;
+  if (w.layout == WeightLayout::kQ4_0Groups) {
+    GroupsMatMul(pool, w, x, n_tokens, y, scratch_data, scratch_bytes, isa);
+    return;
+  }
+  const TypeKernels* kernels = KernelsFor(w.type, isa);
+  if (kernels == nullptr) Fatal("no kernels for this type and ISA", w);
+  const int64_t cols = w.cols;
 
   const GemmKernels* gemm = ops_internal::GemmFor(w.type, isa);
   if (gemm != nullptr && n_tokens >= gemm->min_tokens) {
@@ -183,7 +253,13 @@ void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, co
   const QuantDot* quant = w.empty() ? nullptr : ops_internal::QuantDotFor(w[0]->type, isa);
   constexpr size_t kMaxShared = 4;  // matrices one shared pass takes (Q, K, V and one more)
   bool shared = n_tokens == 1 && quant != nullptr && w.size() <= kMaxShared;
-  for (const WeightView* m : w) shared = shared && m->type == w[0]->type && m->cols == w[0]->cols;
+  for (const WeightView* m : w) {
+    shared = shared && m->type == w[0]->type && m->cols == w[0]->cols && m->layout == w[0]->layout;
+  }
+  if (shared && w[0]->layout == WeightLayout::kQ4_0Groups) {
+    GroupsMatVecSameInput(pool, w, x, y, scratch, isa);
+    return;
+  }
   if (!shared) {
     for (size_t i = 0; i < w.size(); ++i) MatMul(pool, *w[i], x, n_tokens, y[i], scratch, isa);
     return;
@@ -214,6 +290,7 @@ void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, co
 void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
   const TypeKernels* kernels = KernelsFor(w.type, Isa::kScalar);
   if (kernels == nullptr) Fatal("no kernels for this type", w);
+  if (w.layout != WeightLayout::kRows) Fatal("the reference reads rows as GGUF stores them", w);
   std::vector<float> row(static_cast<size_t>(w.cols));
   for (int64_t r = 0; r < w.rows; ++r) {
     kernels->to_float(w.row(r), row.data(), w.cols);

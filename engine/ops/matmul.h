@@ -14,14 +14,23 @@
 
 namespace thermocline {
 
-// A weight matrix as GGUF stores it: `rows` rows of `cols` elements of `type`, each row
-// row_bytes long (GGUF ne[0] = cols, ne[1] = rows). Not owning.
+// How a weight matrix's bytes are arranged.
+enum class WeightLayout : uint8_t {
+  kRows,        // row r at data + r * row_bytes, as GGUF stores it
+  kQ4_0Groups,  // Q4_0 rows in interleaved groups of 16 (weight_layout.h's PackQ4_0Groups)
+};
+
+// A weight matrix: `rows` rows of `cols` elements of `type` (GGUF ne[0] = cols, ne[1] = rows),
+// each row row_bytes long. Not owning. As GGUF stores it (kRows) everywhere but in the matrices
+// the engine re-lays at load for the dense CPU path, which only MatMul reads: row() is
+// meaningless for those (row_bytes stays a row's size, so rows * row_bytes is the matrix's).
 struct WeightView {
   GgmlType type = GgmlType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
   const uint8_t* data = nullptr;
   size_t row_bytes = 0;
+  WeightLayout layout = WeightLayout::kRows;
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
 };
 

@@ -1,6 +1,7 @@
 // Weight matrices the engine builds at load rather than maps from the file: an owned matrix of
 // any type on huge pages, a matrix's transpose (down_t), a permutation of its rows, a matrix
-// made from floats. Used by the model loader, the sparse FFN and the device uploads.
+// made from floats, Q4_0 in row groups. Used by the model loader, the sparse FFN, the device
+// uploads and the engine's dense re-layout.
 #include "engine/ops/weight_layout.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/ops/kernels_internal.h"
 #include "engine/ops/type_table.h"
 
 namespace thermocline {
@@ -101,6 +103,48 @@ OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* ord
     }
   });
   return g;
+}
+
+OwnedWeight PackQ4_0Groups(ThreadPool& pool, const WeightView& w) {
+  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
+  const int64_t nb = w.cols / kQK4_0;
+  const size_t group_bytes = ops_internal::Q4GroupBytes(w.cols);
+  const int64_t n_groups = (w.rows + kRows - 1) / kRows;
+  OwnedWeight p;
+  p.view = w;
+  p.view.layout = WeightLayout::kQ4_0Groups;
+  p.data.resize(group_bytes * n_groups);
+  p.view.data = p.data.data();
+  pool.ParallelFor(n_groups, 16, [&](int, int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      uint8_t* group = p.data.data() + g * group_bytes;
+      std::memset(group, 0, group_bytes);  // padding rows: zero scales and quants
+      auto* scales = reinterpret_cast<uint16_t*>(group + nb * ops_internal::kQ4GroupBlockBytes);
+      for (int64_t i = 0; i < kRows && g * kRows + i < w.rows; ++i) {
+        const auto* row = reinterpret_cast<const BlockQ4_0*>(w.row(g * kRows + i));
+        for (int64_t b = 0; b < nb; ++b) {
+          uint8_t* q = group + b * ops_internal::kQ4GroupBlockBytes;
+          for (int c = 0; c < 4; ++c) std::memcpy(q + (c * kRows + i) * 4, row[b].qs + 4 * c, 4);
+          scales[b * kRows + i] = row[b].d;
+        }
+      }
+    }
+  });
+  return p;
+}
+
+void UnpackQ4_0GroupRow(const WeightView& w, int64_t r, void* row) {
+  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
+  const int64_t nb = w.cols / kQK4_0, i = r % kRows;
+  const uint8_t* group = w.data + r / kRows * ops_internal::Q4GroupBytes(w.cols);
+  const auto* scales =
+      reinterpret_cast<const uint16_t*>(group + nb * ops_internal::kQ4GroupBlockBytes);
+  auto* out = static_cast<BlockQ4_0*>(row);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* q = group + b * ops_internal::kQ4GroupBlockBytes;
+    for (int c = 0; c < 4; ++c) std::memcpy(out[b].qs + 4 * c, q + (c * kRows + i) * 4, 4);
+    out[b].d = scales[b * kRows + i];
+  }
 }
 
 }  // namespace thermocline

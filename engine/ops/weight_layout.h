@@ -1,7 +1,7 @@
 // Weight matrices built at load instead of mapped from the file: OwnedWeight (a matrix of any
 // type over its own storage, on huge pages where scattered rows cost no TLB miss each), the
 // transpose of a matrix (the sparse FFN's down_t, a rebuilt ffn_down), a permutation of its
-// rows, and a matrix made from floats.
+// rows, a matrix made from floats, and Q4_0 re-laid in interleaved groups of rows for decode.
 #pragma once
 
 #include <cstdint>
@@ -48,5 +48,14 @@ absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& 
 OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* order, int64_t n);
 // An F32 or F16 weight over a copy of `values`: (rows, cols).
 OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t cols);
+
+// Q4_0 rows in groups of 16 with their blocks interleaved (WeightLayout::kQ4_0Groups; the
+// bytes as kernels_internal.h draws them): the layout the dense CPU path's mat-vec streams as one
+// run of 16 rows at a time, each row in its own lane, with no horizontal sum per row. The same
+// bytes as the rows (plus a zero-padded last group and 64-byte alignment per group); only
+// MatMul reads it. w: a kRows Q4_0 matrix. Parallel over the pool.
+OwnedWeight PackQ4_0Groups(ThreadPool& pool, const WeightView& w);
+// Row r of a kQ4_0Groups matrix as GGUF stores it (cols / 32 blocks into `row`): for tests.
+void UnpackQ4_0GroupRow(const WeightView& w, int64_t r, void* row);
 
 }  // namespace thermocline

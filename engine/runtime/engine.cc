@@ -70,7 +70,31 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Create(const LlamaModel& m
     engine->weights_ = *std::move(weights);
   }
   if (absl::Status s = engine->PlanDevice(); !s.ok()) return s;
+  if (options.repack) {
+    engine->packed_ = PackedWeights::Build(model, engine->DenseCpuScope(), build_pool);
+  }
   return std::shared_ptr<const Engine>(std::move(engine));
+}
+
+PackScope Engine::DenseCpuScope() const {
+  const int64_t n_layer = model_.hparams().n_layer;
+  PackScope scope;
+  scope.attention.assign(n_layer, 1);
+  // The sparse FFN and the placed experts have their own copies, and with dense_prefill read
+  // the file's FFN rows for prompts: their layers' FFN stays as the file has it.
+  scope.ffn.assign(n_layer, weights_ == nullptr && experts_ == nullptr ? 1 : 0);
+  scope.output = true;
+  if (use_device_) {
+    // Device layers upload the file's rows for every session (and a session that finds the
+    // budget spent runs them here from the same rows).
+    for (int64_t l = 0; l < n_layer && l < static_cast<int64_t>(layers_spec_.layers.size()); ++l) {
+      if (!layers_spec_.layers[l]) continue;
+      scope.attention[l] = 0;
+      if (whole_layers_) scope.ffn[l] = 0;
+    }
+    scope.output = !layers_spec_.output;
+  }
+  return scope;
 }
 
 Engine::Engine(const LlamaModel& model, std::optional<SparsePlan> plan,
@@ -250,6 +274,7 @@ absl::StatusOr<std::unique_ptr<EngineSession>> Engine::NewSession(ThreadPool* po
   absl::StatusOr<std::unique_ptr<Session>> session = Session::Create(model_, pool, so);
   if (!session.ok()) return session.status();
   s->session_ = *std::move(session);
+  s->session_->set_packed_weights(packed_.get());
   EnginePlacement& p = s->placement_;
   p.gpu_requested = placement_.gpu_requested;
   p.n_layer = placement_.n_layer;

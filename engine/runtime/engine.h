@@ -35,6 +35,7 @@
 #include "engine/gpu/gpu_layers.h"
 #include "engine/gpu/gpu_memory.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/packed_weights.h"
 #include "engine/model/session.h"
 #include "engine/sparse/moe_ffn.h"
 #include "engine/sparse/sparse_ffn.h"
@@ -66,6 +67,10 @@ struct EngineOptions {
   // dense FFN. bench's reference only. Otherwise a ReLU-family mixture's host experts compute
   // only their firing neurons (engine/sparse/moe_ffn.h).
   bool moe_all_experts = false;
+  // Re-lay the Q4_0 matrices that only the dense CPU path reads (attention and dense FFN of the
+  // CPU's layers, the output head) once at load for its decode kernels (PackedWeights),
+  // replacing the file's pages. false: the file's rows (A/B benchmarks, tests).
+  bool repack = true;
 
   bool gpu_requested() const { return gpu_memory > 0 || gpu_layers != kNoGpuLayers; }
 };
@@ -127,16 +132,21 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Where the parts run: the plan, as the first session that reached the device got it.
   // Thread-safe.
   EnginePlacement placement() const;
-  // RAM the engine holds beyond the model's mapped file: the sparse copies.
+  // The dense path's re-laid matrices (EngineOptions::repack); null when none.
+  const std::shared_ptr<const PackedWeights>& packed_weights() const { return packed_; }
+  // RAM the engine holds beyond the model's mapped file: the sparse copies and the re-laid
+  // dense matrices.
   uint64_t host_bytes() const {
     return (weights_ != nullptr ? weights_->bytes() : 0) +
-           (experts_ != nullptr ? experts_->bytes() : 0);
+           (experts_ != nullptr ? experts_->bytes() : 0) +
+           (packed_ != nullptr ? packed_->bytes() : 0);
   }
-  // Of the model's mapped file, the FFN pages the sparse copies replaced (released once
-  // copied: SparseWeights, ExpertWeights).
+  // Of the model's mapped file, the pages those copies replaced (released once copied:
+  // SparseWeights, ExpertWeights, PackedWeights).
   uint64_t released_file_bytes() const {
     return (weights_ != nullptr ? weights_->released_file_bytes() : 0) +
-           (experts_ != nullptr ? experts_->released_file_bytes() : 0);
+           (experts_ != nullptr ? experts_->released_file_bytes() : 0) +
+           (packed_ != nullptr ? packed_->released_file_bytes() : 0);
   }
 
  private:
@@ -144,6 +154,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Engine(const LlamaModel& model, std::optional<SparsePlan> plan, const EngineOptions& options,
          int64_t n_ctx);
   absl::Status PlanDevice();
+  // What only the dense CPU path reads once the device plan is known (PackedWeights).
+  PackScope DenseCpuScope() const;
   const gpu::Device& device() const;
   SparseFfnOptions FfnOptions(bool on_device, gpu::Queue* queue) const;
   MoeFfnOptions ExpertOptions(bool on_device, gpu::Queue* queue) const;
@@ -159,6 +171,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const int64_t n_ctx_;
   std::shared_ptr<const SparseWeights> weights_;
   std::shared_ptr<const ExpertWeights> experts_;
+  std::shared_ptr<const PackedWeights> packed_;
 
   // The device plan (PlanDevice): whole layers, or the hybrid placement's layers and neurons.
   bool use_device_ = false;

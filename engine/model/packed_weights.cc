@@ -1,0 +1,44 @@
+// PackedWeights: which matrices of the scope are re-laid, one at a time, each released from the
+// file as soon as its copy exists (the load never holds two copies of more than one matrix).
+#include "engine/model/packed_weights.h"
+
+namespace thermocline {
+
+std::shared_ptr<const PackedWeights> PackedWeights::Build(const LlamaModel& model,
+                                                          const PackScope& scope,
+                                                          ThreadPool& pool) {
+  auto p = std::make_shared<PackedWeights>();
+  const GgufFile& file = model.gguf();
+  auto pack = [&](const WeightView& w) {
+    if (w.data == nullptr || w.type != GgmlType::kQ4_0 || w.layout != WeightLayout::kRows ||
+        w.rows == 0 || p->copies_.count(w.data) != 0) {
+      return;
+    }
+    OwnedWeight copy = PackQ4_0Groups(pool, w);
+    p->bytes_ += copy.data.size();
+    p->released_file_bytes_ += file.ReleasePages(w.data, w.rows * w.row_bytes);
+    p->copies_.emplace(w.data, std::move(copy));
+  };
+  const std::vector<LayerWeights>& layers = model.layers();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerWeights& L = layers[l];
+    if (l < scope.attention.size() && scope.attention[l]) {
+      for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) pack(*w);
+    }
+    if (l < scope.ffn.size() && scope.ffn[l] && !L.is_moe()) {
+      for (const WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down}) pack(*w);
+    }
+  }
+  if (scope.output && model.output().data != model.token_embd().data) pack(model.output());
+  return p;
+}
+
+const WeightView& PackedWeights::Resolve(const WeightView& w) const {
+  const auto it = copies_.find(w.data);
+  if (it == copies_.end() || it->second.view.rows != w.rows || it->second.view.cols != w.cols) {
+    return w;
+  }
+  return it->second.view;
+}
+
+}  // namespace thermocline
