@@ -176,15 +176,14 @@ int RunBench(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--ops") == 0) return RunBenchOps(argc, argv);
   }
-  auto args =
-      Args::Parse(argc, argv,
-                  {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions",
-                   "--activation", "--sparse", "--sidecar", "--target-sparsity", "--sparse-method",
-                   "--gpu-profile", "--output", "--gpu-memory", "--gpu-layers",
-                   "--hardware-profile", "--json-schema", "--prompt", "--kv-type"},
-                  {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in",
-                   "--no-repack"},
-                  {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
+  auto args = Args::Parse(
+      argc, argv,
+      {"--model", "--prompt-tokens", "--gen-tokens", "--threads", "--repetitions", "--activation",
+       "--sparse", "--sidecar", "--target-sparsity", "--sparse-method", "--gpu-profile", "--output",
+       "--gpu-memory", "--gpu-layers", "--hardware-profile", "--json-schema", "--prompt",
+       "--kv-type"},
+      {"--json", "--help", "--oracle", "--hardware", "--gpu-compare", "--stand-in", "--no-repack"},
+      {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}, {"-o", "--output"}});
   if (!args.ok()) return Fail("bench", args.status(), true);
   if (args->Has("--help")) {
     std::puts(

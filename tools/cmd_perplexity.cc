@@ -12,16 +12,16 @@
 namespace thermocline::cli {
 
 int RunPerplexity(int argc, char** argv) {
-  auto args =
-      Args::Parse(argc, argv,
-                  {"--model", "--file", "--ctx", "--threads", "--activation", "--sparse",
-                   "--sidecar", "--target-sparsity", "--sparse-method", "--gpu-memory", "--gpu-layers", "--kv-type"},
-                  {"--json", "--help", "--oracle"},
-                  {{"-m", "--model"},
-                   {"-f", "--file"},
-                   {"-c", "--ctx"},
-                   {"-t", "--threads"},
-                   {"-h", "--help"}});
+  auto args = Args::Parse(
+      argc, argv,
+      {"--model", "--file", "--ctx", "--threads", "--activation", "--sparse", "--sidecar",
+       "--target-sparsity", "--sparse-method", "--gpu-memory", "--gpu-layers", "--kv-type"},
+      {"--json", "--help", "--oracle"},
+      {{"-m", "--model"},
+       {"-f", "--file"},
+       {"-c", "--ctx"},
+       {"-t", "--threads"},
+       {"-h", "--help"}});
   if (!args.ok()) return Fail("perplexity", args.status(), true);
   if (args->Has("--help")) {
     std::puts(

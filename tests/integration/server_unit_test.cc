@@ -290,8 +290,8 @@ target_sparsity = 0.4
   CHECK(!s.ok());
   CHECK(std::string(s.message()).find("models.kv_type") != std::string::npos);
   CHECK(std::string(s.message()).find("'q8'") != std::string::npos);
-  for (const char* line : {"sparse_method = \"sideways\"", "target_sparsity = 1.0",
-                           "target_sparsity = -0.1"}) {
+  for (const char* line :
+       {"sparse_method = \"sideways\"", "target_sparsity = 1.0", "target_sparsity = -0.1"}) {
     std::ofstream(path) << "[[models]]\npath = \"m\"\n" << line << "\n";
     ServerConfig m;
     REQUIRE(LoadConfigFile(path, &m).ok());

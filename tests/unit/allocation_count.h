@@ -18,9 +18,17 @@
 #define THERMOCLINE_COUNT_ALLOCATIONS 1
 #endif
 
+namespace thermocline {
+class Session;
+}
+
 namespace thermocline::testing {
 
 // operator new calls since the process started, on every thread; 0 when counting is off.
 int64_t AllocationCount();
+
+// The allocations n greedy decode steps of `session` make (each evaluates the argmax of the
+// logits it holds); the steps REQUIRE success.
+int64_t AllocationsOfGreedySteps(Session& session, int n);
 
 }  // namespace thermocline::testing
