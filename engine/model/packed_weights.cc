@@ -1,5 +1,6 @@
-// PackedWeights: which matrices of the scope are re-laid, one at a time, each released from the
-// file as soon as its copy exists (the load never holds two copies of more than one matrix).
+// PackedWeights: which matrices of the scope are re-laid (Q4_0, Q4_K, Q6_K), one at a time, each
+// released from the file as soon as its copy exists (the load never holds two copies of more than
+// one matrix).
 #include "engine/model/packed_weights.h"
 
 namespace thermocline {
@@ -10,11 +11,24 @@ std::shared_ptr<const PackedWeights> PackedWeights::Build(const LlamaModel& mode
   auto p = std::make_shared<PackedWeights>();
   const GgufFile& file = model.gguf();
   auto pack = [&](const WeightView& w) {
-    if (w.data == nullptr || w.type != GgmlType::kQ4_0 || w.layout != WeightLayout::kRows ||
-        w.rows == 0 || p->copies_.count(w.data) != 0) {
+    if (w.data == nullptr || w.layout != WeightLayout::kRows || w.rows == 0 ||
+        p->copies_.count(w.data) != 0) {
       return;
     }
-    OwnedWeight copy = PackQ4_0Groups(pool, w);
+    OwnedWeight copy;
+    switch (w.type) {
+      case GgmlType::kQ4_0:
+        copy = PackQ4_0Groups(pool, w);
+        break;
+      case GgmlType::kQ4_K:
+        copy = PackQ4_KGroups(pool, w);
+        break;
+      case GgmlType::kQ6_K:
+        copy = PackQ6_KGroups(pool, w);
+        break;
+      default:
+        return;
+    }
     p->bytes_ += copy.data.size();
     p->released_file_bytes_ += file.ReleasePages(w.data, w.rows * w.row_bytes);
     p->copies_.emplace(w.data, std::move(copy));

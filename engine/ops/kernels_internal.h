@@ -108,6 +108,56 @@ struct Q4GroupKernels {
   int gemm_rows;  // a multiple of kQ4GroupRows
 };
 
+// Q4_K in row groups (weight_layout.h's PackQ4_KGroups, built once at load): the rows in groups
+// of kQ4GroupRows (the last padded with zero rows), group g at g * Q4KGroupBytes(n), one record
+// of Q4KGroupSuperBytes per super-block sb of 256 elements:
+//   uint8  qs[4][8][kQ4GroupRows][4]  pair j, chunk c, row r: bytes 4c .. 4c+3 of the row's
+//                                     qs[32j .. 32j+32) (low nibbles: elements 64j + 4c .. +3,
+//                                     of sub-block 2j; high nibbles: 64j + 32 + 4c .. +3, of 2j+1)
+//   uint8  sc[8][kQ4GroupRows]        the sub-blocks' 6-bit scales, unpacked
+//   uint8  m[4][kQ4GroupRows][2]      the sub-blocks' 6-bit mins, pair j = (m[2j], m[2j+1])
+//   uint16 d[kQ4GroupRows], dmin[kQ4GroupRows]  fp16
+// As for Q4_0 groups, each chunk load holds 16 rows' bytes and meets broadcast activation quants
+// in int8 dots, one int32 lane per row; the scales multiply each sub-block's sum in its lane
+// and the mins meet the activations' sums of 32 in int16 pairs. Per row and super-block:
+//   y += d·dx · Σ_s sc[s]·(q·x)_s  -  dmin·dx · Σ_s m[s]·Σ x_s,   x a Q8_K block (dx its scale).
+inline constexpr int64_t kQ4KGroupQuantBytes = 4 * 8 * kQ4GroupRows * 4;
+inline constexpr int64_t kQ4KGroupSuperBytes =
+    kQ4KGroupQuantBytes + 8 * kQ4GroupRows + 8 * kQ4GroupRows + 4 * kQ4GroupRows;
+static_assert(kQ4KGroupSuperBytes % 64 == 0, "super-block records stay 64-byte aligned");
+inline constexpr size_t Q4KGroupBytes(int64_t n) {
+  return static_cast<size_t>(n / kQK_K * kQ4KGroupSuperBytes);
+}
+
+// Q6_K in row groups (weight_layout.h's PackQ6_KGroups), as Q4_K's, one record of
+// Q6KGroupSuperBytes per super-block:
+//   uint8 q[2][8][3][kQ4GroupRows][4]  half h, chunk k, part p, row r: bytes 4k .. 4k+3 of the
+//                                      row's ql[64h ..) (p 0), ql[64h + 32 ..) (p 1) and
+//                                      qh[32h ..) (p 2), the 16 elements 128h + 4k + 32i + {0..3},
+//                                      i < 4, that these bytes hold
+//   int8  sc[16][kQ4GroupRows]         the scales of the sub-blocks of 16
+//   uint16 d[kQ4GroupRows]             fp16, then 32 bytes of zeros (64-byte records)
+// The weights stay unsigned (0..63) in the int8 dots; the offset 32 leaves each sub-block's sum
+// as 32 Σx_s, the same for every row, which is taken from it before its scale multiplies it:
+//   y += d·dx · Σ_s sc[s]·((q·x)_s - 32 Σ x_s)
+inline constexpr int64_t kQ6KGroupQuantBytes = 2 * 8 * 3 * kQ4GroupRows * 4;
+inline constexpr int64_t kQ6KGroupSuperBytes =
+    (kQ6KGroupQuantBytes + 16 * kQ4GroupRows + 2 * kQ4GroupRows + 63) / 64 * 64;
+inline constexpr size_t Q6KGroupBytes(int64_t n) {
+  return static_cast<size_t>(n / kQK_K * kQ6KGroupSuperBytes);
+}
+
+// The kernels of one ISA over Q4_K or Q6_K row groups. Activations are Q8_K rows (the types' own
+// activation format).
+struct KGroupKernels {
+  // y[r] = dot(row r, act) for r < rows: the groups from w on, group_bytes apart.
+  void (*matvec)(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows, const uint8_t* act,
+                 float* y);
+  // y[t * y_stride + r] = dot(row r, act row t) for r < rows <= kQ4GroupRows, t < n_tokens.
+  void (*gemm)(int64_t n, const uint8_t* w, int rows, const uint8_t* act, size_t act_stride,
+               int64_t n_tokens, float* y, int64_t y_stride);
+};
+
 // kernels.h's AttendHead (its general form).
 using AttendFn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                           const float* k, int64_t k_stride, const float* v, int64_t v_stride,
@@ -135,6 +185,8 @@ struct IsaKernels {
   AttendFn attend;
   AttendF16Fn attend_f16;
   Q4GroupKernels q4_groups;
+  KGroupKernels q4k_groups;
+  KGroupKernels q6k_groups;
 };
 
 const IsaKernels& ScalarKernels();      // kernels_scalar.cc
@@ -144,6 +196,9 @@ const IsaKernels& Avx512VnniKernels();  // kernels_vnni_avx512.cc
 
 // The scalar Q4_0 row-group kernels (q4_groups_scalar.cc).
 Q4GroupKernels ScalarQ4GroupKernels();
+// The scalar Q4_K and Q6_K row-group kernels (kquant_groups_scalar.cc).
+KGroupKernels ScalarQ4KGroupKernels();
+KGroupKernels ScalarQ6KGroupKernels();
 
 // The scalar entries of the types beyond Q8_0 / Q4_0 and of Q8_K (kernels_scalar_quants.cc).
 std::vector<IsaTypeKernels> ScalarQuantTypes();

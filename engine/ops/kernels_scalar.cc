@@ -315,9 +315,10 @@ std::vector<IsaTypeKernels> ScalarTypes() {
 
 const IsaKernels& ScalarKernels() {
   static const std::vector<IsaTypeKernels> types = ScalarTypes();
-  static const IsaKernels kernels = {types.data(), static_cast<int>(types.size()),
-                                     AttendScalar<float>, AttendScalar<uint16_t>,
-                                     ScalarQ4GroupKernels()};
+  static const IsaKernels kernels = {types.data(),           static_cast<int>(types.size()),
+                                     AttendScalar<float>,    AttendScalar<uint16_t>,
+                                     ScalarQ4GroupKernels(), ScalarQ4KGroupKernels(),
+                                     ScalarQ6KGroupKernels()};
   return kernels;
 }
 

@@ -95,30 +95,81 @@ void RunTiles(ThreadPool& pool, int64_t rows, int64_t n_tokens, float* y, const 
   });
 }
 
-// MatMul over Q4_0 row groups: x quantized once per token into tile rows, then the groups
-// shared out as RunTiles shares rows (decode) or as the gemm's row groups (prefill).
+// The decode side of a row-group layout: how its activations are quantized (once per token)
+// and its groups' mat-vec.
+struct GroupOps {
+  size_t group_bytes = 0;  // of one group of kQ4GroupRows rows
+  size_t act_bytes = 0;    // of one token's quantized activations
+  void (*matvec)(int64_t, const uint8_t*, size_t, int64_t, const uint8_t*, float*) = nullptr;
+  const ops_internal::IsaKernels* table = nullptr;
+  const ops_internal::KGroupKernels* k_groups = nullptr;  // the K-quant layouts' kernels
+  WeightLayout layout = WeightLayout::kRows;
+  Isa isa = Isa::kScalar;  // of the Q8_K quantizer
+
+  void Quantize(const float* x, int64_t n, uint8_t* dst) const {
+    if (layout == WeightLayout::kQ4_0Groups) {
+      table->q4_groups.quantize(x, n, /*offset=*/8, dst);  // the weights are w + 8
+    } else {
+      KernelsFor(GgmlType::kQ8_K, isa)->from_float(x, dst, n);
+    }
+  }
+};
+
+GroupOps GroupOpsFor(const WeightView& w, Isa isa) {
+  GroupOps g;
+  g.table = &ops_internal::TableOf(isa);
+  g.layout = w.layout;
+  g.isa = KernelsFor(GgmlType::kQ8_K, isa) != nullptr ? isa : Isa::kScalar;
+  if (w.layout == WeightLayout::kQ4_0Groups) {
+    g.group_bytes = ops_internal::Q4GroupBytes(w.cols);
+    g.act_bytes = static_cast<size_t>(TileRowBytes(w.cols));
+    g.matvec = g.table->q4_groups.matvec;
+  } else {
+    g.k_groups =
+        w.layout == WeightLayout::kQ4_KGroups ? &g.table->q4k_groups : &g.table->q6k_groups;
+    g.group_bytes = w.layout == WeightLayout::kQ4_KGroups ? ops_internal::Q4KGroupBytes(w.cols)
+                                                          : ops_internal::Q6KGroupBytes(w.cols);
+    g.act_bytes = RowBytes(GgmlType::kQ8_K, w.cols);
+    g.matvec = g.k_groups->matvec;
+  }
+  return g;
+}
+
+// MatMul over row groups: x quantized once per token, then the groups shared out as RunTiles
+// shares rows (decode) or as gemm row groups (prefill).
 void GroupsMatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tokens, float* y,
                   uint8_t* scratch_data, size_t scratch_bytes, Isa isa) {
-  const ops_internal::Q4GroupKernels& k = ops_internal::TableOf(isa).q4_groups;
+  const GroupOps ops = GroupOpsFor(w, isa);
   const int64_t cols = w.cols, rows = w.rows;
-  const size_t stride = static_cast<size_t>(TileRowBytes(cols));
+  const size_t stride = ops.act_bytes;
   if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
-  ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
-    k.quantize(x + t * cols, cols, /*offset=*/8, scratch_data + t * stride);
-  });
+  ForEachToken(pool, n_tokens, cols,
+               [&](int64_t t) { ops.Quantize(x + t * cols, cols, scratch_data + t * stride); });
   constexpr int64_t kGroupRows = ops_internal::kQ4GroupRows;
-  const size_t group_bytes = ops_internal::Q4GroupBytes(cols);
+  const size_t group_bytes = ops.group_bytes;
   const int64_t n_groups = (rows + kGroupRows - 1) / kGroupRows;
   if (n_tokens == 1) {
     const int64_t block =
         std::min(kRowBlock / kGroupRows, (n_groups + pool.size() - 1) / pool.size());
     pool.ParallelShares(n_groups, block, [&](int64_t g0, int64_t g1) {
-      k.matvec(cols, w.data + g0 * group_bytes, group_bytes,
-               std::min(rows, g1 * kGroupRows) - g0 * kGroupRows, scratch_data,
-               y + g0 * kGroupRows);
+      ops.matvec(cols, w.data + g0 * group_bytes, group_bytes,
+                 std::min(rows, g1 * kGroupRows) - g0 * kGroupRows, scratch_data,
+                 y + g0 * kGroupRows);
     });
     return;
   }
+  if (ops.k_groups != nullptr) {
+    const ops_internal::KGroupKernels& k = *ops.k_groups;
+    ParallelChunks(pool, n_groups, 1, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t r0 = g * kGroupRows;
+        k.gemm(cols, w.data + g * group_bytes, static_cast<int>(std::min(kGroupRows, rows - r0)),
+               scratch_data, stride, n_tokens, y + r0, rows);
+      }
+    });
+    return;
+  }
+  const ops_internal::Q4GroupKernels& k = ops.table->q4_groups;
   const int64_t per_call = k.gemm_rows / kGroupRows;
   ParallelChunks(pool, n_groups, per_call, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; g += per_call) {
@@ -130,20 +181,19 @@ void GroupsMatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t
   });
 }
 
-// MatMulSameInput's one pass for Q4_0 row groups of one token: x quantized once, the groups of
-// all the matrices shared out as one range (at most 4 matrices).
+// MatMulSameInput's one pass for row groups of one token: x quantized once, the groups of all
+// the matrices (one layout) shared out as one range (at most 4 matrices).
 void GroupsMatVecSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, const float* x,
                            absl::Span<float* const> y, MatMulScratch& scratch, Isa isa) {
-  const ops_internal::Q4GroupKernels& k = ops_internal::TableOf(isa).q4_groups;
+  const GroupOps ops = GroupOpsFor(*w[0], isa);
   constexpr int64_t kGroupRows = ops_internal::kQ4GroupRows;
   const int64_t cols = w[0]->cols;
   uint8_t* act = Align64(scratch.data());
-  if (static_cast<size_t>(TileRowBytes(cols)) + static_cast<size_t>(act - scratch.data()) >
-      scratch.size()) {
+  if (ops.act_bytes + static_cast<size_t>(act - scratch.data()) > scratch.size()) {
     Fatal("scratch too small", *w[0]);
   }
-  k.quantize(x, cols, /*offset=*/8, act);
-  const size_t group_bytes = ops_internal::Q4GroupBytes(cols);
+  ops.Quantize(x, cols, act);
+  const size_t group_bytes = ops.group_bytes;
   int64_t first[5] = {0};
   for (size_t i = 0; i < w.size(); ++i) {
     first[i + 1] = first[i] + (w[i]->rows + kGroupRows - 1) / kGroupRows;
@@ -154,9 +204,9 @@ void GroupsMatVecSameInput(ThreadPool& pool, absl::Span<const WeightView* const>
       const int64_t end = std::min(g1, first[i + 1]) - first[i];
       if (begin >= end) continue;
       const WeightView& m = *w[i];
-      k.matvec(cols, m.data + begin * group_bytes, group_bytes,
-               std::min(m.rows, end * kGroupRows) - begin * kGroupRows, act,
-               y[i] + begin * kGroupRows);
+      ops.matvec(cols, m.data + begin * group_bytes, group_bytes,
+                 std::min(m.rows, end * kGroupRows) - begin * kGroupRows, act,
+                 y[i] + begin * kGroupRows);
     }
   });
 }
@@ -184,7 +234,7 @@ void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tok
   uint8_t* scratch_data = Align64(scratch.data());
   const size_t pad = static_cast<size_t>(scratch_data - scratch.data());
   const size_t scratch_bytes = scratch.size() > pad ? scratch.size() - pad : 0;
-  if (w.layout == WeightLayout::kQ4_0Groups) {
+  if (w.layout != WeightLayout::kRows) {
     GroupsMatMul(pool, w, x, n_tokens, y, scratch_data, scratch_bytes, isa);
     return;
   }
@@ -256,7 +306,7 @@ void MatMulSameInput(ThreadPool& pool, absl::Span<const WeightView* const> w, co
   for (const WeightView* m : w) {
     shared = shared && m->type == w[0]->type && m->cols == w[0]->cols && m->layout == w[0]->layout;
   }
-  if (shared && w[0]->layout == WeightLayout::kQ4_0Groups) {
+  if (shared && w[0]->layout != WeightLayout::kRows) {
     GroupsMatVecSameInput(pool, w, x, y, scratch, isa);
     return;
   }

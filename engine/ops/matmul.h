@@ -18,6 +18,8 @@ namespace thermocline {
 enum class WeightLayout : uint8_t {
   kRows,        // row r at data + r * row_bytes, as GGUF stores it
   kQ4_0Groups,  // Q4_0 rows in interleaved groups of 16 (weight_layout.h's PackQ4_0Groups)
+  kQ4_KGroups,  // Q4_K rows in interleaved groups of 16 (weight_layout.h's PackQ4_KGroups)
+  kQ6_KGroups,  // Q6_K rows in interleaved groups of 16 (weight_layout.h's PackQ6_KGroups)
 };
 
 // A weight matrix: `rows` rows of `cols` elements of `type` (GGUF ne[0] = cols, ne[1] = rows),

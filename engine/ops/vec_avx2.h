@@ -157,6 +157,19 @@ inline void LoadTranspose4(const uint8_t* p, int64_t stride, I out[4]) {
   out[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 inline I AndI(I a, int32_t mask) { return _mm256_and_si256(a, _mm256_set1_epi32(mask)); }
+// kLanes bytes at p, zero-extended into int32 lanes.
+inline I LoadU8AsI32(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+// kLanes bytes at p, sign-extended into int32 lanes.
+inline I LoadS8AsI32(const uint8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+// 2 kLanes bytes at p, zero-extended into int16 lanes.
+inline I LoadU8AsI16(const uint8_t* p) {
+  return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline I MulI32(I a, I b) { return _mm256_mullo_epi32(a, b); }
 inline I ShiftRightI32(I a, int bits) { return _mm256_srli_epi32(a, bits); }
 inline I ShiftLeftI32(I a, int bits) { return _mm256_slli_epi32(a, bits); }
 inline F AsFloat(I v) { return _mm256_castsi256_ps(v); }

@@ -181,6 +181,19 @@ inline void LoadTranspose4(const uint8_t* p, int64_t stride, I out[4]) {
   out[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 inline I AndI(I a, int32_t mask) { return _mm512_and_si512(a, _mm512_set1_epi32(mask)); }
+// kLanes bytes at p, zero-extended into int32 lanes.
+inline I LoadU8AsI32(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+// kLanes bytes at p, sign-extended into int32 lanes.
+inline I LoadS8AsI32(const uint8_t* p) {
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+// 2 kLanes bytes at p, zero-extended into int16 lanes.
+inline I LoadU8AsI16(const uint8_t* p) {
+  return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline I MulI32(I a, I b) { return _mm512_mullo_epi32(a, b); }
 inline I ShiftRightI32(I a, int bits) { return _mm512_srli_epi32(a, bits); }
 inline I ShiftLeftI32(I a, int bits) { return _mm512_slli_epi32(a, bits); }
 inline F AsFloat(I v) { return _mm512_castsi512_ps(v); }

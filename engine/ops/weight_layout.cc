@@ -1,7 +1,7 @@
 // Weight matrices the engine builds at load rather than maps from the file: an owned matrix of
 // any type on huge pages, a matrix's transpose (down_t), a permutation of its rows, a matrix
-// made from floats, Q4_0 in row groups. Used by the model loader, the sparse FFN, the device
-// uploads and the engine's dense re-layout.
+// made from floats, Q4_0 and Q4_K in row groups. Used by the model loader, the sparse FFN, the
+// device uploads and the engine's dense re-layout.
 #include "engine/ops/weight_layout.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops/kernels_internal.h"
+#include "engine/ops/quants_ref.h"
 #include "engine/ops/type_table.h"
 
 namespace thermocline {
@@ -144,6 +145,144 @@ void UnpackQ4_0GroupRow(const WeightView& w, int64_t r, void* row) {
     const uint8_t* q = group + b * ops_internal::kQ4GroupBlockBytes;
     for (int c = 0; c < 4; ++c) std::memcpy(out[b].qs + 4 * c, q + (c * kRows + i) * 4, 4);
     out[b].d = scales[b * kRows + i];
+  }
+}
+
+OwnedWeight PackQ4_KGroups(ThreadPool& pool, const WeightView& w) {
+  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
+  const int64_t nsb = w.cols / kQK_K;
+  const size_t group_bytes = ops_internal::Q4KGroupBytes(w.cols);
+  const int64_t n_groups = (w.rows + kRows - 1) / kRows;
+  OwnedWeight p;
+  p.view = w;
+  p.view.layout = WeightLayout::kQ4_KGroups;
+  p.data.resize(group_bytes * n_groups);
+  p.view.data = p.data.data();
+  pool.ParallelFor(n_groups, 16, [&](int, int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      uint8_t* group = p.data.data() + g * group_bytes;
+      std::memset(group, 0, group_bytes);  // padding rows: zero scales, mins and quants
+      for (int64_t i = 0; i < kRows && g * kRows + i < w.rows; ++i) {
+        const auto* row = reinterpret_cast<const BlockQ4_K*>(w.row(g * kRows + i));
+        for (int64_t sb = 0; sb < nsb; ++sb) {
+          uint8_t* rec = group + sb * ops_internal::kQ4KGroupSuperBytes;
+          for (int j = 0; j < 4; ++j) {
+            for (int c = 0; c < 8; ++c) {
+              std::memcpy(rec + ((j * 8 + c) * kRows + i) * 4, row[sb].qs + 32 * j + 4 * c, 4);
+            }
+          }
+          uint8_t* sc = rec + ops_internal::kQ4KGroupQuantBytes;
+          uint8_t* m = sc + 8 * kRows;
+          for (int s = 0; s < 8; ++s) {
+            int scale, min;
+            ops_internal::Q4KScaleMin(row[sb].scales, s, &scale, &min);
+            sc[s * kRows + i] = static_cast<uint8_t>(scale);
+            m[(s / 2 * kRows + i) * 2 + s % 2] = static_cast<uint8_t>(min);
+          }
+          auto* d = reinterpret_cast<uint16_t*>(m + 8 * kRows);
+          d[i] = row[sb].d;
+          d[kRows + i] = row[sb].dmin;
+        }
+      }
+    }
+  });
+  return p;
+}
+
+void UnpackQ4_KGroupRow(const WeightView& w, int64_t r, void* row) {
+  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
+  const int64_t nsb = w.cols / kQK_K, i = r % kRows;
+  const uint8_t* group = w.data + r / kRows * ops_internal::Q4KGroupBytes(w.cols);
+  auto* out = static_cast<BlockQ4_K*>(row);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = group + sb * ops_internal::kQ4KGroupSuperBytes;
+    for (int j = 0; j < 4; ++j) {
+      for (int c = 0; c < 8; ++c) {
+        std::memcpy(out[sb].qs + 32 * j + 4 * c, rec + ((j * 8 + c) * kRows + i) * 4, 4);
+      }
+    }
+    const uint8_t* sc = rec + ops_internal::kQ4KGroupQuantBytes;
+    const uint8_t* m = sc + 8 * kRows;
+    uint8_t s[8], mn[8];
+    for (int k = 0; k < 8; ++k) {
+      s[k] = sc[k * kRows + i];
+      mn[k] = m[(k / 2 * kRows + i) * 2 + k % 2];
+    }
+    // The 12-byte packing Q4KScaleMin reads: 6 bits of scales and mins 0..3 with the top two
+    // bits of 4..7 above them, and the low 4 bits of 4..7 in bytes 8..11.
+    for (int j = 0; j < 4; ++j) {
+      out[sb].scales[j] = static_cast<uint8_t>(s[j] | (s[j + 4] >> 4) << 6);
+      out[sb].scales[j + 4] = static_cast<uint8_t>(mn[j] | (mn[j + 4] >> 4) << 6);
+      out[sb].scales[j + 8] = static_cast<uint8_t>((s[j + 4] & 0xF) | (mn[j + 4] & 0xF) << 4);
+    }
+    const auto* d = reinterpret_cast<const uint16_t*>(m + 8 * kRows);
+    out[sb].d = d[i];
+    out[sb].dmin = d[kRows + i];
+  }
+}
+
+namespace {
+
+// Where Q6_K's row groups keep part p (0: ql[64h ..), 1: ql[64h + 32 ..), 2: qh[32h ..)) of
+// chunk k of half h of row i, in a super-block's record.
+size_t Q6ChunkOffset(int h, int k, int p, int64_t i) {
+  return static_cast<size_t>((((h * 8 + k) * 3 + p) * ops_internal::kQ4GroupRows + i) * 4);
+}
+
+}  // namespace
+
+OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w) {
+  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
+  const int64_t nsb = w.cols / kQK_K;
+  const size_t group_bytes = ops_internal::Q6KGroupBytes(w.cols);
+  const int64_t n_groups = (w.rows + kRows - 1) / kRows;
+  OwnedWeight p;
+  p.view = w;
+  p.view.layout = WeightLayout::kQ6_KGroups;
+  p.data.resize(group_bytes * n_groups);
+  p.view.data = p.data.data();
+  pool.ParallelFor(n_groups, 16, [&](int, int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      uint8_t* group = p.data.data() + g * group_bytes;
+      std::memset(group, 0, group_bytes);  // padding rows: zero scales and quants
+      for (int64_t i = 0; i < kRows && g * kRows + i < w.rows; ++i) {
+        const auto* row = reinterpret_cast<const BlockQ6_K*>(w.row(g * kRows + i));
+        for (int64_t sb = 0; sb < nsb; ++sb) {
+          uint8_t* rec = group + sb * ops_internal::kQ6KGroupSuperBytes;
+          for (int h = 0; h < 2; ++h) {
+            for (int k = 0; k < 8; ++k) {
+              std::memcpy(rec + Q6ChunkOffset(h, k, 0, i), row[sb].ql + 64 * h + 4 * k, 4);
+              std::memcpy(rec + Q6ChunkOffset(h, k, 1, i), row[sb].ql + 64 * h + 32 + 4 * k, 4);
+              std::memcpy(rec + Q6ChunkOffset(h, k, 2, i), row[sb].qh + 32 * h + 4 * k, 4);
+            }
+          }
+          uint8_t* sc = rec + ops_internal::kQ6KGroupQuantBytes;
+          for (int s = 0; s < 16; ++s) sc[s * kRows + i] = static_cast<uint8_t>(row[sb].scales[s]);
+          reinterpret_cast<uint16_t*>(sc + 16 * kRows)[i] = row[sb].d;
+        }
+      }
+    }
+  });
+  return p;
+}
+
+void UnpackQ6_KGroupRow(const WeightView& w, int64_t r, void* row) {
+  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
+  const int64_t nsb = w.cols / kQK_K, i = r % kRows;
+  const uint8_t* group = w.data + r / kRows * ops_internal::Q6KGroupBytes(w.cols);
+  auto* out = static_cast<BlockQ6_K*>(row);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = group + sb * ops_internal::kQ6KGroupSuperBytes;
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 8; ++k) {
+        std::memcpy(out[sb].ql + 64 * h + 4 * k, rec + Q6ChunkOffset(h, k, 0, i), 4);
+        std::memcpy(out[sb].ql + 64 * h + 32 + 4 * k, rec + Q6ChunkOffset(h, k, 1, i), 4);
+        std::memcpy(out[sb].qh + 32 * h + 4 * k, rec + Q6ChunkOffset(h, k, 2, i), 4);
+      }
+    }
+    const uint8_t* sc = rec + ops_internal::kQ6KGroupQuantBytes;
+    for (int s = 0; s < 16; ++s) out[sb].scales[s] = static_cast<int8_t>(sc[s * kRows + i]);
+    out[sb].d = reinterpret_cast<const uint16_t*>(sc + 16 * kRows)[i];
   }
 }
 

@@ -1,7 +1,8 @@
 // Weight matrices built at load instead of mapped from the file: OwnedWeight (a matrix of any
 // type over its own storage, on huge pages where scattered rows cost no TLB miss each), the
 // transpose of a matrix (the sparse FFN's down_t, a rebuilt ffn_down), a permutation of its
-// rows, a matrix made from floats, and Q4_0 re-laid in interleaved groups of rows for decode.
+// rows, a matrix made from floats, and Q4_0, Q4_K and Q6_K re-laid in interleaved groups of rows
+// for decode.
 #pragma once
 
 #include <cstdint>
@@ -57,5 +58,20 @@ OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t
 OwnedWeight PackQ4_0Groups(ThreadPool& pool, const WeightView& w);
 // Row r of a kQ4_0Groups matrix as GGUF stores it (cols / 32 blocks into `row`): for tests.
 void UnpackQ4_0GroupRow(const WeightView& w, int64_t r, void* row);
+
+// Q4_K rows in groups of 16 with their super-blocks interleaved (WeightLayout::kQ4_KGroups;
+// kernels_internal.h draws the bytes): as PackQ4_0Groups, for Q4_K, with each super-block's
+// scales and mins unpacked to a byte each (2.8% more bytes than the rows). w: a kRows Q4_K
+// matrix. Parallel over the pool.
+OwnedWeight PackQ4_KGroups(ThreadPool& pool, const WeightView& w);
+// Row r of a kQ4_KGroups matrix as GGUF stores it (cols / 256 super-blocks into `row`, the
+// scales packed again): for tests.
+void UnpackQ4_KGroupRow(const WeightView& w, int64_t r, void* row);
+// Q6_K rows in groups of 16 (WeightLayout::kQ6_KGroups; kernels_internal.h draws the bytes):
+// the same bytes as the rows, rearranged, plus 32 bytes of padding per 16 rows and super-block
+// (1%). w: a kRows Q6_K matrix. Parallel over the pool.
+OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w);
+// Row r of a kQ6_KGroups matrix as GGUF stores it: for tests.
+void UnpackQ6_KGroupRow(const WeightView& w, int64_t r, void* row);
 
 }  // namespace thermocline

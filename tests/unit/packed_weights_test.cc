@@ -1,7 +1,8 @@
-// The engine's re-laid dense matrices (engine/model/packed_weights.h): on llama.cpp's Q4_0 file
-// the engine that reads Q4_0 in row groups still gives llama.cpp's greedy tokens and the logits
-// of the engine that reads the file's rows; the copies hold the rows' bytes, replace the file's
-// pages and are counted; and what a device layer or the sparse FFN reads is never re-laid.
+// The engine's re-laid dense matrices (engine/model/packed_weights.h): on llama.cpp's Q4_0 and
+// Q4_K_M files the engine that reads Q4_0 / Q4_K / Q6_K in row groups still gives llama.cpp's
+// greedy tokens and the logits of the engine that reads the file's rows; the copies hold the rows'
+// bytes, replace the file's pages and are counted; and what a device layer or the sparse FFN reads
+// is never re-laid.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -26,11 +27,15 @@ using testing::TestModelPath;
 // llama.cpp's greedy token must be a near-tie.
 constexpr double kNearTie = 0.4;
 
-std::vector<const WeightView*> Q4Matrices(const LlamaModel& model) {
+bool Repacked(GgmlType type) {
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K;
+}
+
+std::vector<const WeightView*> RepackedMatrices(const LlamaModel& model) {
   std::vector<const WeightView*> out;
   for (const LayerWeights& L : model.layers()) {
     for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
-      if (w->type == GgmlType::kQ4_0) out.push_back(w);
+      if (Repacked(w->type)) out.push_back(w);
     }
   }
   return out;
@@ -38,11 +43,13 @@ std::vector<const WeightView*> Q4Matrices(const LlamaModel& model) {
 
 bool Packed(const Engine& e, const WeightView& w) {
   return e.packed_weights() != nullptr &&
-         e.packed_weights()->Resolve(w).layout == WeightLayout::kQ4_0Groups;
+         e.packed_weights()->Resolve(w).layout != WeightLayout::kRows;
 }
 
-TEST_CASE("the re-laid Q4_0 engine gives llama.cpp's greedy tokens", "[packed][kquants]") {
-  const std::string file = TestModelPath("kquants/stories-wide.q4_0.gguf");
+TEST_CASE("the re-laid Q4_0 and Q4_K engines give llama.cpp's greedy tokens", "[packed][kquants]") {
+  const std::string type = GENERATE(as<std::string>{}, "q4_0", "q4_k_m");
+  INFO("stories-wide." << type);
+  const std::string file = TestModelPath("kquants/stories-wide." + type + ".gguf");
   if (!std::filesystem::exists(file)) THERMOCLINE_SKIP("kquants/ test models not found");
   const LlamaModel& model = CachedModel(file);
   ThreadPool pool(2);
@@ -55,21 +62,31 @@ TEST_CASE("the re-laid Q4_0 engine gives llama.cpp's greedy tokens", "[packed][k
   REQUIRE(engine.ok());
   const Engine& e = **engine;
 
-  // Every Q4_0 matrix of the dense path is re-laid, its bytes those of the file's rows, which
-  // still read as they did (their pages were released and fault in again from the file).
-  const std::vector<const WeightView*> q4 = Q4Matrices(model);
+  // Every Q4_0, Q4_K and Q6_K matrix of the dense path is re-laid, its bytes those of the file's
+  // rows, which still read as they did (their pages were released and fault in again from the
+  // file).
+  const std::vector<const WeightView*> q4 = RepackedMatrices(model);
   REQUIRE(!q4.empty());
   const PackedWeights& packed = *e.packed_weights();
   CHECK(packed.matrices() ==
-        static_cast<int64_t>(q4.size()) + (model.output().type == GgmlType::kQ4_0 ? 1 : 0));
+        static_cast<int64_t>(q4.size()) + (Repacked(model.output().type) ? 1 : 0));
   uint64_t file_bytes = 0;
   for (const WeightView* w : q4) {
     const WeightView& p = packed.Resolve(*w);
-    REQUIRE(p.layout == WeightLayout::kQ4_0Groups);
+    const WeightLayout want_layout = w->type == GgmlType::kQ4_0   ? WeightLayout::kQ4_0Groups
+                                     : w->type == GgmlType::kQ4_K ? WeightLayout::kQ4_KGroups
+                                                                  : WeightLayout::kQ6_KGroups;
+    REQUIRE(p.layout == want_layout);
     file_bytes += w->rows * w->row_bytes;
     std::vector<uint8_t> row(w->row_bytes);
     for (int64_t r : {int64_t{0}, w->rows / 2, w->rows - 1}) {
-      UnpackQ4_0GroupRow(p, r, row.data());
+      if (p.layout == WeightLayout::kQ4_0Groups) {
+        UnpackQ4_0GroupRow(p, r, row.data());
+      } else if (p.layout == WeightLayout::kQ4_KGroups) {
+        UnpackQ4_KGroupRow(p, r, row.data());
+      } else {
+        UnpackQ6_KGroupRow(p, r, row.data());
+      }
       CHECK(std::memcmp(row.data(), w->row(r), row.size()) == 0);
     }
   }
@@ -81,7 +98,7 @@ TEST_CASE("the re-laid Q4_0 engine gives llama.cpp's greedy tokens", "[packed][k
   CHECK(e.released_file_bytes() <= file_bytes);
   CHECK(e.released_file_bytes() + q4.size() * 2 * 4096 >= file_bytes);
 
-  const nlohmann::json ref = LoadReference("kquants/stories-wide.q4_0.llama-cpp.json");
+  const nlohmann::json ref = LoadReference("kquants/stories-wide." + type + ".llama-cpp.json");
   auto s = (*engine)->NewSession(&pool);
   auto rows_s = (*rows_engine)->NewSession(&pool);
   REQUIRE(s.ok());
@@ -125,10 +142,13 @@ TEST_CASE("the re-laid Q4_0 engine gives llama.cpp's greedy tokens", "[packed][k
     }
     WARN("groups vs rows, decode logits: max difference " << max_diff);
     CHECK(max_diff < 0.6);
-    // The same tokens as one prompt through the rows' gemm, which sums each row's blocks as the
-    // group mat-vec does (one FMA of the exact block dot times d_w * d_x, block after block):
-    // the hidden states agree to the bit, and the logits to what the output head's two kernels
-    // (its Q6_K gemm and its row dot) leave, float roundings of one matrix.
+    // Q4_0: the same tokens as one prompt through the rows' gemm, which sums each row's blocks
+    // as the group mat-vec does (one FMA of the exact block dot times d_w * d_x, block after
+    // block): the hidden states agree to the bit, and the logits to what the output head's two
+    // kernels (the Q6_K rows' gemm and the Q6_K groups' mat-vec) leave, float roundings of one
+    // matrix. (Q4_K's rows gemm sums scales and mins in another order: the bound above is its
+    // check.)
+    if (type != "q4_0") continue;
     std::vector<int32_t> all = ids;
     all.insert(all.end(), want.begin(), want.end());
     std::vector<float> prefill(all.size() * n_vocab);

@@ -1,0 +1,114 @@
+// The scalar reference of the Q4_K and Q6_K row-group kernels (kernels_internal.h's layouts and
+// KGroupKernels): always compiled, what the SIMD versions (kquant_groups_simd.inc) are tested
+// against. Per row and super-block it computes what they compute per lane: the exact integer
+// sums (Q4_K: Σ sc·(q·x) and Σ m·Σx; Q6_K: Σ sc·(q·x - 32 Σx)), then one fused multiply-add
+// of each, times d·dx (and dmin·dx), into the row's float sums, so every ISA gives the same
+// bits.
+#include <cmath>
+#include <cstring>
+
+#include "engine/ops/kernels.h"
+#include "engine/ops/kernels_internal.h"
+
+namespace thermocline::ops_internal {
+namespace {
+
+constexpr int kRows = kQ4GroupRows;
+
+// Q4_K: row i of the group at `group` against Q8_K blocks x.
+float GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
+  float sum = 0.0f, mins = 0.0f;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = group + sb * kQ4KGroupSuperBytes;
+    const uint8_t* sc = rec + kQ4KGroupQuantBytes;
+    const uint8_t* m = sc + 8 * kRows;
+    const uint8_t* d = m + 8 * kRows;
+    const int8_t* xq = x[sb].qs;
+    int32_t dot = 0, min_dot = 0;
+    for (int j = 0; j < 4; ++j) {
+      int32_t lo = 0, hi = 0;
+      for (int c = 0; c < 8; ++c) {
+        const uint8_t* q = rec + ((j * 8 + c) * kRows + i) * 4;
+        for (int k = 0; k < 4; ++k) {
+          lo += (q[k] & 0x0F) * xq[64 * j + 4 * c + k];
+          hi += (q[k] >> 4) * xq[64 * j + 32 + 4 * c + k];
+        }
+      }
+      dot += lo * sc[(2 * j) * kRows + i] + hi * sc[(2 * j + 1) * kRows + i];
+      const int32_t sum_lo = x[sb].bsums[4 * j] + x[sb].bsums[4 * j + 1];
+      const int32_t sum_hi = x[sb].bsums[4 * j + 2] + x[sb].bsums[4 * j + 3];
+      min_dot += m[(j * kRows + i) * 2] * sum_lo + m[(j * kRows + i) * 2 + 1] * sum_hi;
+    }
+    uint16_t d_bits, dmin_bits;
+    std::memcpy(&d_bits, d + 2 * i, 2);
+    std::memcpy(&dmin_bits, d + 2 * (kRows + i), 2);
+    sum = std::fma(static_cast<float>(dot), HalfToFloat(d_bits) * x[sb].d, sum);
+    mins = std::fma(static_cast<float>(min_dot), HalfToFloat(dmin_bits) * x[sb].d, mins);
+  }
+  return sum - mins;
+}
+
+// Q6_K: row i of the group at `group` against Q8_K blocks x.
+float Q6GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
+  float sum = 0.0f;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = group + sb * kQ6KGroupSuperBytes;
+    const auto* sc = reinterpret_cast<const int8_t*>(rec + kQ6KGroupQuantBytes);
+    const uint8_t* d = rec + kQ6KGroupQuantBytes + 16 * kRows;
+    const int8_t* xq = x[sb].qs;
+    int32_t dot = 0;
+    for (int h = 0; h < 2; ++h) {
+      int32_t part[8] = {0};  // the sub-blocks 8h .. 8h + 7
+      for (int k = 0; k < 8; ++k) {
+        const uint8_t* q = rec + (h * 8 + k) * 3 * kRows * 4;
+        const uint8_t* lo = q + i * 4;
+        const uint8_t* hi = q + (kRows + i) * 4;
+        const uint8_t* qh = q + (2 * kRows + i) * 4;
+        for (int b = 0; b < 4; ++b) {
+          const int v[4] = {(lo[b] & 0x0F) | (qh[b] & 0x03) << 4,
+                            (hi[b] & 0x0F) | (qh[b] & 0x0C) << 2, (lo[b] >> 4) | (qh[b] & 0x30),
+                            (hi[b] >> 4) | (qh[b] & 0xC0) >> 2};
+          for (int s = 0; s < 4; ++s) {
+            part[2 * s + k / 4] += v[s] * xq[128 * h + 32 * s + 4 * k + b];
+          }
+        }
+      }
+      for (int s = 0; s < 8; ++s) {
+        const int sub = 8 * h + s;
+        dot += (part[s] - 32 * x[sb].bsums[sub]) * sc[sub * kRows + i];
+      }
+    }
+    uint16_t d_bits;
+    std::memcpy(&d_bits, d + 2 * i, 2);
+    sum = std::fma(static_cast<float>(dot), HalfToFloat(d_bits) * x[sb].d, sum);
+  }
+  return sum;
+}
+
+template <float (*RowDot)(int64_t, const uint8_t*, int, const BlockQ8_K*)>
+void MatVecScalar(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows, const uint8_t* act,
+                  float* y) {
+  const auto* x = reinterpret_cast<const BlockQ8_K*>(act);
+  for (int64_t r = 0; r < rows; ++r) {
+    y[r] = RowDot(n / kQK_K, w + r / kRows * group_bytes, static_cast<int>(r % kRows), x);
+  }
+}
+
+template <float (*RowDot)(int64_t, const uint8_t*, int, const BlockQ8_K*)>
+void GemmScalar(int64_t n, const uint8_t* w, int rows, const uint8_t* act, size_t act_stride,
+                int64_t n_tokens, float* y, int64_t y_stride) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    MatVecScalar<RowDot>(n, w, 0, rows, act + t * act_stride, y + t * y_stride);
+  }
+}
+
+}  // namespace
+
+KGroupKernels ScalarQ4KGroupKernels() {
+  return {MatVecScalar<GroupRowDot>, GemmScalar<GroupRowDot>};
+}
+KGroupKernels ScalarQ6KGroupKernels() {
+  return {MatVecScalar<Q6GroupRowDot>, GemmScalar<Q6GroupRowDot>};
+}
+
+}  // namespace thermocline::ops_internal
