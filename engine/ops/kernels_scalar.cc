@@ -165,7 +165,9 @@ float QuantizeQ8Block(const float* x, int8_t* qs) {
 
 void Q8_0FromFloat(const float* src, void* dst, int64_t n) {
   BlockQ8_0* y = static_cast<BlockQ8_0*>(dst);
-  for (int64_t i = 0; i < n / kQK8_0; ++i) y[i].d = FloatToHalf(QuantizeQ8Block(src + i * kQK8_0, y[i].qs));
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    y[i].d = FloatToHalf(QuantizeQ8Block(src + i * kQK8_0, y[i].qs));
+  }
 }
 
 // ggml's quantize_row_q8_1_ref: Q8_0's block plus s = half(sum(qs) * d).
@@ -330,7 +332,8 @@ std::vector<IsaTypeKernels> ScalarTypes() {
   };
   for (const IsaTypeKernels& k : ScalarQuantTypes()) types.push_back(k);
   // Activations only: the Q8_1 conversions, no dot.
-  types.push_back({T::kQ8_1, {T::kF32, Q8_1ToFloat, Q8_1FromFloat, nullptr, nullptr}, {}, {}, nullptr});
+  types.push_back(
+      {T::kQ8_1, {T::kF32, Q8_1ToFloat, Q8_1FromFloat, nullptr, nullptr}, {}, {}, nullptr});
   return types;
 }
 
