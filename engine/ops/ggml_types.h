@@ -75,6 +75,12 @@ struct BlockQ8_0 {
   uint16_t d;  // scale
   int8_t qs[kQK8_0];
 };
+// Activations of the weight types with a min (Q4_1, Q5_1), as ggml's block_q8_1: Q8_0's quants
+// and scale, and s = d * sum(qs) rounded to half from the unrounded d: the min's factor.
+struct BlockQ8_1 {
+  uint16_t d, s;
+  int8_t qs[kQK8_0];
+};
 // x = d * q + m, q in 0..15 packed as Q4_0's.
 struct BlockQ4_1 {
   uint16_t d, m;
@@ -155,6 +161,7 @@ struct BlockQ8_K {
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ5_1) == 24);

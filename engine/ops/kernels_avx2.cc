@@ -1,6 +1,7 @@
 // The AVX2 kernels: kernels_simd.inc over vec_avx2.h. Built with -mavx2 -mfma -mf16c -mbmi2
 // (engine/CMakeLists.txt); called only on CPUs that have them (kernels.cc checks).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

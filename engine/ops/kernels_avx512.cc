@@ -2,6 +2,7 @@
 // -mavx512vl -mavx512dq on top of the AVX2 flags (engine/CMakeLists.txt); called only on CPUs
 // that have them (kernels.cc checks).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

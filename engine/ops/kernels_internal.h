@@ -26,8 +26,9 @@ namespace thermocline::ops_internal {
 // 16 for Q5_0, 128 for Q8_0 and IQ4_NL with VNNI, 0 when weights stay signed). A lane of the
 // dot of unsigned weights u with x is then d * sum(u * x) + c, whose sum over the block's 8
 // lanes is d * sum(w * x): the activation-only work is done once per row instead of once per
-// weight row. Types with a min (Q4_1, Q5_1) use offset -1: c then holds d_h * sum / 8, which
-// their kernels scale by the weight block's min. An odd last block is followed by a zero block.
+// weight row. Types with a min (Q4_1, Q5_1) use offset -1: c then holds s_h / 8, s as ggml's
+// Q8_1 blocks have it (d_h * sum rounded to half, BlockQ8_1), which their kernels scale by the
+// weight block's min. An odd last block is followed by a zero block.
 inline constexpr int64_t kPanelGroupBytes = 192;
 inline constexpr int64_t PanelRowBytes(int64_t n) {
   return (n / kQK8_0 + 1) / 2 * kPanelGroupBytes;
@@ -56,7 +57,8 @@ inline constexpr int kMaxDotRows = 4;
 // the 32-element quantized types:
 //   int8  qs[nb * 32];   the quants
 //   float d[nb];         block scales
-//   int32 corr[nb];      -offset * sum(qs of the block), offset as for panels
+//   int32 corr[nb];      -offset * sum(qs of the block), offset as for panels; for offset -1
+//                        the bits of the float s of Q8_1 (BlockQ8_1)
 // padded to a multiple of 64 bytes. The 256-element types read plain Q8_K blocks instead.
 inline constexpr int64_t TileRowBytes(int64_t n) { return (n / kQK8_0 * 40 + 63) / 64 * 64; }
 

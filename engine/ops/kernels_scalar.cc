@@ -153,17 +153,40 @@ void Q4_0ToFloat(const void* src, float* dst, int64_t n) {
   }
 }
 
-// ggml's quantize_row_q8_0_ref.
+// One block of ggml's quantize_row_q8_0_ref into qs; returns the unrounded scale amax / 127.
+float QuantizeQ8Block(const float* x, int8_t* qs) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < kQK8_0; ++j) qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+  return d;
+}
+
 void Q8_0FromFloat(const float* src, void* dst, int64_t n) {
   BlockQ8_0* y = static_cast<BlockQ8_0*>(dst);
   for (int64_t i = 0; i < n / kQK8_0; ++i) {
-    const float* x = src + i * kQK8_0;
-    float amax = 0.0f;
-    for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / 127;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = FloatToHalf(QuantizeQ8Block(src + i * kQK8_0, y[i].qs));
+  }
+}
+
+// ggml's quantize_row_q8_1_ref: Q8_0's block plus s = half(sum(qs) * d).
+void Q8_1FromFloat(const float* src, void* dst, int64_t n) {
+  BlockQ8_1* y = static_cast<BlockQ8_1*>(dst);
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    const float d = QuantizeQ8Block(src + i * kQK8_0, y[i].qs);
+    int sum = 0;
+    for (int j = 0; j < kQK8_0; ++j) sum += y[i].qs[j];
     y[i].d = FloatToHalf(d);
-    for (int j = 0; j < kQK8_0; ++j) y[i].qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+    y[i].s = FloatToHalf(static_cast<float>(sum) * d);
+  }
+}
+
+void Q8_1ToFloat(const void* src, float* dst, int64_t n) {
+  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(src);
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    const float d = HalfToFloat(b[i].d);
+    for (int j = 0; j < kQK8_0; ++j) dst[i * kQK8_0 + j] = b[i].qs[j] * d;
   }
 }
 
@@ -308,6 +331,9 @@ std::vector<IsaTypeKernels> ScalarTypes() {
        ScalarAxpy<Q4_0At>},
   };
   for (const IsaTypeKernels& k : ScalarQuantTypes()) types.push_back(k);
+  // Activations only: the Q8_1 conversions, no dot.
+  types.push_back(
+      {T::kQ8_1, {T::kF32, Q8_1ToFloat, Q8_1FromFloat, nullptr, nullptr}, {}, {}, nullptr});
   return types;
 }
 

@@ -25,7 +25,8 @@ void DecodedToFloat(const void* src, float* dst, int64_t n) {
   }
 }
 
-// Activations as integers: x[e] = d(e) * q[e] over the activation format's blocks.
+// Activations as integers: x[e] = d(e) * q[e] over the activation format's blocks. Sum: the
+// sum of a group's x that a min multiplies, d times the integer sum (Q8_1: its rounded s).
 struct Q8_0Act {
   static constexpr int kBlock = kQK8_0;
   static float Scale(const void* x, int64_t e) {
@@ -33,6 +34,19 @@ struct Q8_0Act {
   }
   static int Quant(const void* x, int64_t e) {
     return static_cast<const BlockQ8_0*>(x)[e / kQK8_0].qs[e % kQK8_0];
+  }
+  static double Sum(const void* x, int64_t e, int64_t qsum) { return Scale(x, e) * double(qsum); }
+};
+struct Q8_1Act {
+  static constexpr int kBlock = kQK8_0;
+  static float Scale(const void* x, int64_t e) {
+    return HalfToFloat(static_cast<const BlockQ8_1*>(x)[e / kQK8_0].d);
+  }
+  static int Quant(const void* x, int64_t e) {
+    return static_cast<const BlockQ8_1*>(x)[e / kQK8_0].qs[e % kQK8_0];
+  }
+  static double Sum(const void* x, int64_t e, int64_t) {
+    return HalfToFloat(static_cast<const BlockQ8_1*>(x)[e / kQK8_0].s);
   }
 };
 struct Q8_KAct {
@@ -43,10 +57,12 @@ struct Q8_KAct {
   static int Quant(const void* x, int64_t e) {
     return static_cast<const BlockQ8_K*>(x)[e / kQK_K].qs[e % kQK_K];
   }
+  static double Sum(const void* x, int64_t e, int64_t qsum) { return Scale(x, e) * double(qsum); }
 };
 
-// Σ over groups of d_x * (d * sc * Σ q q_x - dm * mn * Σ q_x), each group's sums exact
-// integers (a group lies within one activation block), accumulated in double.
+// Σ over groups of d_x * d * sc * Σ q q_x - dm * mn * Σ x (Act::Sum: d_x * Σ q_x, or Q8_1's
+// s), each group's sums exact integers (a group lies within one activation block), accumulated
+// in double.
 template <DecodeFn kDecode, int kBlock, class Act>
 float DecodedVecDot(int64_t n, const void* w, const void* x) {
   static_assert(kBlock % Act::kBlock == 0 || Act::kBlock % kBlock == 0);
@@ -63,7 +79,8 @@ float DecodedVecDot(int64_t n, const void* w, const void* x) {
         xsum += q;
       }
       const double dx = Act::Scale(x, i * kBlock + g * b.group);
-      sum += dx * (double{b.d} * b.sc[g] * dot - double{b.dm} * b.mn[g] * xsum);
+      sum += dx * double{b.d} * b.sc[g] * dot -
+             double{b.dm} * b.mn[g] * Act::Sum(x, i * kBlock + g * b.group, xsum);
     }
   }
   return static_cast<float>(sum);
@@ -104,9 +121,9 @@ IsaTypeKernels Entry(GgmlType type, GgmlType act, void (*quantize)(const float*,
 std::vector<IsaTypeKernels> ScalarQuantTypes() {
   using T = GgmlType;
   return {
-      Entry<DecodeQ4_1, 32, Q8_0Act>(T::kQ4_1, T::kQ8_0, QuantizeQ4_1),
+      Entry<DecodeQ4_1, 32, Q8_1Act>(T::kQ4_1, T::kQ8_1, QuantizeQ4_1),
       Entry<DecodeQ5_0, 32, Q8_0Act>(T::kQ5_0, T::kQ8_0, QuantizeQ5_0),
-      Entry<DecodeQ5_1, 32, Q8_0Act>(T::kQ5_1, T::kQ8_0, QuantizeQ5_1),
+      Entry<DecodeQ5_1, 32, Q8_1Act>(T::kQ5_1, T::kQ8_1, QuantizeQ5_1),
       Entry<DecodeIQ4_NL, 32, Q8_0Act>(T::kIQ4_NL, T::kQ8_0, QuantizeIQ4_NL),
       Entry<DecodeQ2_K, kQK_K, Q8_KAct>(T::kQ2_K, T::kQ8_K, QuantizeQ2_K),
       Entry<DecodeQ3_K, kQK_K, Q8_KAct>(T::kQ3_K, T::kQ8_K, QuantizeQ3_K),

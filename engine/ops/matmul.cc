@@ -218,6 +218,7 @@ void MatMulScratch::Reserve(int64_t max_tokens, int64_t max_cols) {
   const size_t per_token =
       std::max({static_cast<size_t>(cols) * sizeof(float), static_cast<size_t>(PanelRowBytes(cols)),
                 static_cast<size_t>(TileRowBytes(cols)), RowBytes(GgmlType::kQ8_0, cols),
+                RowBytes(GgmlType::kQ8_1, cols),
                 static_cast<size_t>((cols + kQK_K - 1) / kQK_K) * sizeof(BlockQ8_K)});
   const size_t bytes = static_cast<size_t>(max_tokens) * per_token + 64;
   if (buffer_.size() < bytes) buffer_.resize(bytes);

@@ -26,7 +26,7 @@ size_t RowDot::PreparedBytes(GgmlType type, int64_t n) {
   const WeightTypeRow* row = FindWeightType(type);
   if (row == nullptr) return 0;
   size_t bytes = RowBytes(KernelsFor(type, Isa::kScalar)->vec_dot_type, n);
-  if (row->activations == ActivationFormat::kQ8_0) {
+  if (row->activations == ActivationFormat::kQ8_0 || row->activations == ActivationFormat::kQ8_1) {
     bytes = std::max<size_t>(bytes, static_cast<size_t>(ops_internal::PanelRowBytes(n)));
   }
   return bytes;

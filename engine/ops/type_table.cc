@@ -35,9 +35,9 @@ constexpr RowSpec kRows[] = {
     {T::kBF16, true, A::kF32, T::kBF16, true, D::kBF16},
     {T::kQ8_0, true, A::kQ8_0, T::kQ8_0, true, D::kQ8_0},
     {T::kQ4_0, true, A::kQ8_0, T::kQ4_0, true, D::kQ4_0},
-    {T::kQ4_1, true, A::kQ8_0, T::kQ8_0, true, D::kQ4_1},
+    {T::kQ4_1, true, A::kQ8_1, T::kQ8_0, true, D::kQ4_1},
     {T::kQ5_0, true, A::kQ8_0, T::kQ8_0, true, D::kQ5_0},
-    {T::kQ5_1, true, A::kQ8_0, T::kQ8_0, true, D::kQ5_1},
+    {T::kQ5_1, true, A::kQ8_1, T::kQ8_0, true, D::kQ5_1},
     {T::kIQ4_NL, true, A::kQ8_0, T::kQ8_0, true, D::kIQ4_NL},
     {T::kQ2_K, true, A::kQ8_K, T::kQ8_0, true, D::kQ2_K},
     {T::kQ3_K, true, A::kQ8_K, T::kQ8_0, true, D::kQ3_K},
@@ -46,6 +46,7 @@ constexpr RowSpec kRows[] = {
     {T::kQ6_K, true, A::kQ8_K, T::kQ8_0, true, D::kQ6_K},
     {T::kIQ4_XS, true, A::kQ8_K, T::kQ8_0, true, D::kIQ4_XS},
     {T::kQ8_K, false, A::kF32, T::kF32, false, D::kNone},
+    {T::kQ8_1, false, A::kF32, T::kF32, false, D::kNone},
 };
 constexpr int kNumRows = sizeof(kRows) / sizeof(kRows[0]);
 constexpr size_t kMaxTypeNumber = 40;  // above every GgmlType value
@@ -91,6 +92,8 @@ const char* ActivationFormatName(ActivationFormat f) {
       return "f32";
     case ActivationFormat::kQ8_0:
       return "q8_0";
+    case ActivationFormat::kQ8_1:
+      return "q8_1";
     case ActivationFormat::kQ8_K:
       return "q8_K";
   }

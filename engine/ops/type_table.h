@@ -18,16 +18,17 @@ struct IsaTypeKernels;  // kernels_internal.h
 }  // namespace ops_internal
 
 // What the dot kernels of a weight type read as activations: floats, Q8_0 blocks (int8 with a
-// scale per 32, in the SIMD kernels' panel layout) or Q8_K blocks (a scale per 256 and sums of
-// 16, for the super-block types).
-enum class ActivationFormat { kF32, kQ8_0, kQ8_K };
+// scale per 32, in the SIMD kernels' panel layout), Q8_1 blocks (Q8_0's plus the half-rounded
+// d * sum(qs) that a min multiplies, for Q4_1 and Q5_1, as ggml's) or Q8_K blocks (a scale per
+// 256 and sums of 16, for the super-block types).
+enum class ActivationFormat { kF32, kQ8_0, kQ8_1, kQ8_K };
 const char* ActivationFormatName(ActivationFormat f);
 
 inline constexpr int kIsaCount = 4;  // Isa's values, kScalar .. kAvx512Vnni
 
 struct WeightTypeRow {
   GgmlType type;
-  // A weight type files may hold; false for Q8_K, which only ever holds activations.
+  // A weight type files may hold; false for Q8_K and Q8_1, which only ever hold activations.
   bool weight;
   ActivationFormat activations;
   // The type TransposeWeight gives down_t (the sparse FFN's transposed down) when down has this

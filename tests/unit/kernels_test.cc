@@ -80,6 +80,7 @@ TEST_CASE("AvailableIsas starts with scalar and has a table for every type", "[k
       const ActivationFormat act = FindWeightType(type)->activations;
       CHECK(k->vec_dot_type == (act == ActivationFormat::kF32    ? GgmlType::kF32
                                 : act == ActivationFormat::kQ8_0 ? GgmlType::kQ8_0
+                                : act == ActivationFormat::kQ8_1 ? GgmlType::kQ8_1
                                                                  : GgmlType::kQ8_K));
       CHECK(AxpyFor(type, isa) != nullptr);
       if (isa != Isa::kScalar && IsQuantized(type)) {  // every SIMD ISA has panels and gemm

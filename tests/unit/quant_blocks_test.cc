@@ -287,5 +287,46 @@ TEST_CASE("Q8_K activations: every ISA quantizes as the reference, on known bloc
   }
 }
 
+// The activations of Q4_1 and Q5_1 (ggml's block_q8_1): Q8_0's quants and scale, and s, the
+// sum of the quants times the unrounded scale amax / 127, rounded to half. Its rounding is what
+// the weights' min multiplies, so every ISA must give the same bits, and the dot must use s, not
+// d * Σ q (which differs from s by up to half an fp16 ulp of s).
+TEST_CASE("Q8_1 activations: s is sum(q) times amax / 127 in half, on every ISA", "[kernels]") {
+  std::vector<float> x(256);
+  std::mt19937 rng(81);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.5f);
+  for (float& f : x) f = dist(rng);
+  x[5] = 1.7f;
+  std::vector<uint8_t> want(RowBytes(GgmlType::kQ8_1, 256)), got(want.size());
+  REQUIRE(want.size() == 8 * sizeof(BlockQ8_1));
+  KernelsFor(GgmlType::kQ8_1, Isa::kScalar)->from_float(x.data(), want.data(), 256);
+  const BlockQ8_1* b = reinterpret_cast<const BlockQ8_1*>(want.data());
+  CHECK(b[0].qs[5] == 127);
+  CHECK(b[0].d == FloatToHalf(1.7f / 127));
+  int mismatched = 0;  // blocks where d_half * sum rounds to another half than s
+  for (int k = 0; k < 8; ++k) {
+    int sum = 0;
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) {
+      sum += b[k].qs[j];
+      amax = std::max(amax, std::fabs(x[32 * k + j]));
+    }
+    CHECK(b[k].s == FloatToHalf(static_cast<float>(sum) * (amax / 127)));
+    mismatched += b[k].s != FloatToHalf(static_cast<float>(sum) * HalfToFloat(b[k].d));
+  }
+  for (Isa isa : AvailableIsas()) {
+    INFO(IsaName(isa));
+    KernelsFor(GgmlType::kQ8_1, isa)->from_float(x.data(), got.data(), 256);
+    CHECK(std::memcmp(want.data(), got.data(), want.size()) == 0);
+    // The Q4_1 dot of weights all equal to their min (q = 0, d = 0, m = 1) is Σ s exactly.
+    std::vector<BlockQ4_1> w(8, BlockQ4_1{FloatToHalf(0.0f), FloatToHalf(1.0f), {}});
+    double s_total = 0;
+    for (int k = 0; k < 8; ++k) s_total += HalfToFloat(b[k].s);
+    CHECK(KernelsFor(GgmlType::kQ4_1, isa)->vec_dot(256, w.data(), want.data()) ==
+          static_cast<float>(s_total));
+  }
+  INFO("blocks whose s differs from d_half * sum: " << mismatched);
+}
+
 }  // namespace
 }  // namespace thermocline
