@@ -191,8 +191,8 @@ int RunBench(int argc, char** argv) {
         "[--threads N] [--repetitions 5] [--json]\n"
         "  --activation A           override the FFN activation: silu | relu | drelu\n"
         "  --kv-type f16|f32        KV cache element type (default f16, as llama.cpp's)\n"
-        "  --no-repack              read Q4_0 and Q4_K as the file's rows (default: re-laid at\n"
-        "                           load in groups of 16 rows for the CPU's dense path)");
+        "  --no-repack              read Q4_0, Q4_K and Q6_K as the file's rows (default: re-laid\n"
+        "                           at load in groups of 16 rows for the CPU's dense path)");
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     std::puts(
