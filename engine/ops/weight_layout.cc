@@ -20,6 +20,32 @@ namespace {
 // a 4096-row matrix is 512 KB of floats, within L2.
 constexpr int64_t kTransposeBand = 32;
 
+constexpr int64_t kGroupRows = ops_internal::kQ4GroupRows;
+
+// A kRows matrix re-laid in groups of kGroupRows rows, group_bytes each: allocated, zeroed (the
+// last group's padding rows stay zero), then fill(group, i, row) writes row i of each group
+// from the matrix's row, parallel over the groups.
+template <class Fill>
+OwnedWeight PackGroups(ThreadPool& pool, const WeightView& w, WeightLayout layout,
+                       size_t group_bytes, const Fill& fill) {
+  const int64_t n_groups = (w.rows + kGroupRows - 1) / kGroupRows;
+  OwnedWeight p;
+  p.view = w;
+  p.view.layout = layout;
+  p.data.resize(group_bytes * n_groups);
+  p.view.data = p.data.data();
+  pool.ParallelFor(n_groups, 16, [&](int, int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      uint8_t* group = p.data.data() + g * group_bytes;
+      std::memset(group, 0, group_bytes);
+      for (int64_t i = 0; i < kGroupRows && g * kGroupRows + i < w.rows; ++i) {
+        fill(group, i, w.row(g * kGroupRows + i));
+      }
+    }
+  });
+  return p;
+}
+
 }  // namespace
 
 OwnedWeight OwnedWeight::Allocate(GgmlType type, int64_t rows, int64_t cols) {
@@ -107,31 +133,20 @@ OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* ord
 }
 
 OwnedWeight PackQ4_0Groups(ThreadPool& pool, const WeightView& w) {
-  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
   const int64_t nb = w.cols / kQK4_0;
-  const size_t group_bytes = ops_internal::Q4GroupBytes(w.cols);
-  const int64_t n_groups = (w.rows + kRows - 1) / kRows;
-  OwnedWeight p;
-  p.view = w;
-  p.view.layout = WeightLayout::kQ4_0Groups;
-  p.data.resize(group_bytes * n_groups);
-  p.view.data = p.data.data();
-  pool.ParallelFor(n_groups, 16, [&](int, int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      uint8_t* group = p.data.data() + g * group_bytes;
-      std::memset(group, 0, group_bytes);  // padding rows: zero scales and quants
-      auto* scales = reinterpret_cast<uint16_t*>(group + nb * ops_internal::kQ4GroupBlockBytes);
-      for (int64_t i = 0; i < kRows && g * kRows + i < w.rows; ++i) {
-        const auto* row = reinterpret_cast<const BlockQ4_0*>(w.row(g * kRows + i));
+  return PackGroups(
+      pool, w, WeightLayout::kQ4_0Groups, ops_internal::Q4GroupBytes(w.cols),
+      [&](uint8_t* group, int64_t i, const uint8_t* r) {
+        const auto* row = reinterpret_cast<const BlockQ4_0*>(r);
+        auto* scales = reinterpret_cast<uint16_t*>(group + nb * ops_internal::kQ4GroupBlockBytes);
         for (int64_t b = 0; b < nb; ++b) {
           uint8_t* q = group + b * ops_internal::kQ4GroupBlockBytes;
-          for (int c = 0; c < 4; ++c) std::memcpy(q + (c * kRows + i) * 4, row[b].qs + 4 * c, 4);
-          scales[b * kRows + i] = row[b].d;
+          for (int c = 0; c < 4; ++c) {
+            std::memcpy(q + (c * kGroupRows + i) * 4, row[b].qs + 4 * c, 4);
+          }
+          scales[b * kGroupRows + i] = row[b].d;
         }
-      }
-    }
-  });
-  return p;
+      });
 }
 
 void UnpackQ4_0GroupRow(const WeightView& w, int64_t r, void* row) {
@@ -149,44 +164,31 @@ void UnpackQ4_0GroupRow(const WeightView& w, int64_t r, void* row) {
 }
 
 OwnedWeight PackQ4_KGroups(ThreadPool& pool, const WeightView& w) {
-  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
   const int64_t nsb = w.cols / kQK_K;
-  const size_t group_bytes = ops_internal::Q4KGroupBytes(w.cols);
-  const int64_t n_groups = (w.rows + kRows - 1) / kRows;
-  OwnedWeight p;
-  p.view = w;
-  p.view.layout = WeightLayout::kQ4_KGroups;
-  p.data.resize(group_bytes * n_groups);
-  p.view.data = p.data.data();
-  pool.ParallelFor(n_groups, 16, [&](int, int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      uint8_t* group = p.data.data() + g * group_bytes;
-      std::memset(group, 0, group_bytes);  // padding rows: zero scales, mins and quants
-      for (int64_t i = 0; i < kRows && g * kRows + i < w.rows; ++i) {
-        const auto* row = reinterpret_cast<const BlockQ4_K*>(w.row(g * kRows + i));
-        for (int64_t sb = 0; sb < nsb; ++sb) {
-          uint8_t* rec = group + sb * ops_internal::kQ4KGroupSuperBytes;
-          for (int j = 0; j < 4; ++j) {
-            for (int c = 0; c < 8; ++c) {
-              std::memcpy(rec + ((j * 8 + c) * kRows + i) * 4, row[sb].qs + 32 * j + 4 * c, 4);
-            }
-          }
-          uint8_t* sc = rec + ops_internal::kQ4KGroupQuantBytes;
-          uint8_t* m = sc + 8 * kRows;
-          for (int s = 0; s < 8; ++s) {
-            int scale, min;
-            ops_internal::Q4KScaleMin(row[sb].scales, s, &scale, &min);
-            sc[s * kRows + i] = static_cast<uint8_t>(scale);
-            m[(s / 2 * kRows + i) * 2 + s % 2] = static_cast<uint8_t>(min);
-          }
-          auto* d = reinterpret_cast<uint16_t*>(m + 8 * kRows);
-          d[i] = row[sb].d;
-          d[kRows + i] = row[sb].dmin;
-        }
-      }
-    }
-  });
-  return p;
+  return PackGroups(pool, w, WeightLayout::kQ4_KGroups, ops_internal::Q4KGroupBytes(w.cols),
+                    [&](uint8_t* group, int64_t i, const uint8_t* r) {
+                      const auto* row = reinterpret_cast<const BlockQ4_K*>(r);
+                      for (int64_t sb = 0; sb < nsb; ++sb) {
+                        uint8_t* rec = group + sb * ops_internal::kQ4KGroupSuperBytes;
+                        for (int j = 0; j < 4; ++j) {
+                          for (int c = 0; c < 8; ++c) {
+                            std::memcpy(rec + ((j * 8 + c) * kGroupRows + i) * 4,
+                                        row[sb].qs + 32 * j + 4 * c, 4);
+                          }
+                        }
+                        uint8_t* sc = rec + ops_internal::kQ4KGroupQuantBytes;
+                        uint8_t* m = sc + 8 * kGroupRows;
+                        for (int s = 0; s < 8; ++s) {
+                          int scale, min;
+                          ops_internal::Q4KScaleMin(row[sb].scales, s, &scale, &min);
+                          sc[s * kGroupRows + i] = static_cast<uint8_t>(scale);
+                          m[(s / 2 * kGroupRows + i) * 2 + s % 2] = static_cast<uint8_t>(min);
+                        }
+                        auto* d = reinterpret_cast<uint16_t*>(m + 8 * kGroupRows);
+                        d[i] = row[sb].d;
+                        d[kGroupRows + i] = row[sb].dmin;
+                      }
+                    });
 }
 
 void UnpackQ4_KGroupRow(const WeightView& w, int64_t r, void* row) {
@@ -232,21 +234,11 @@ size_t Q6ChunkOffset(int h, int k, int p, int64_t i) {
 }  // namespace
 
 OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w) {
-  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
   const int64_t nsb = w.cols / kQK_K;
-  const size_t group_bytes = ops_internal::Q6KGroupBytes(w.cols);
-  const int64_t n_groups = (w.rows + kRows - 1) / kRows;
-  OwnedWeight p;
-  p.view = w;
-  p.view.layout = WeightLayout::kQ6_KGroups;
-  p.data.resize(group_bytes * n_groups);
-  p.view.data = p.data.data();
-  pool.ParallelFor(n_groups, 16, [&](int, int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      uint8_t* group = p.data.data() + g * group_bytes;
-      std::memset(group, 0, group_bytes);  // padding rows: zero scales and quants
-      for (int64_t i = 0; i < kRows && g * kRows + i < w.rows; ++i) {
-        const auto* row = reinterpret_cast<const BlockQ6_K*>(w.row(g * kRows + i));
+  return PackGroups(
+      pool, w, WeightLayout::kQ6_KGroups, ops_internal::Q6KGroupBytes(w.cols),
+      [&](uint8_t* group, int64_t i, const uint8_t* r) {
+        const auto* row = reinterpret_cast<const BlockQ6_K*>(r);
         for (int64_t sb = 0; sb < nsb; ++sb) {
           uint8_t* rec = group + sb * ops_internal::kQ6KGroupSuperBytes;
           for (int h = 0; h < 2; ++h) {
@@ -257,13 +249,12 @@ OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w) {
             }
           }
           uint8_t* sc = rec + ops_internal::kQ6KGroupQuantBytes;
-          for (int s = 0; s < 16; ++s) sc[s * kRows + i] = static_cast<uint8_t>(row[sb].scales[s]);
-          reinterpret_cast<uint16_t*>(sc + 16 * kRows)[i] = row[sb].d;
+          for (int s = 0; s < 16; ++s) {
+            sc[s * kGroupRows + i] = static_cast<uint8_t>(row[sb].scales[s]);
+          }
+          reinterpret_cast<uint16_t*>(sc + 16 * kGroupRows)[i] = row[sb].d;
         }
-      }
-    }
-  });
-  return p;
+      });
 }
 
 void UnpackQ6_KGroupRow(const WeightView& w, int64_t r, void* row) {
