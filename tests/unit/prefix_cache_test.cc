@@ -90,10 +90,12 @@ void CheckTruncation(EngineSession& es) {
   REQUIRE(s.n_past() == static_cast<int64_t>(kPrefix.size()));
   const std::vector<float> got = NextLogits(s);
   // The prefix was computed in other chunks here (its last token in a chunk with stale ones),
-  // so sums may run in another order (and a sparse FFN takes a lone token through its sparse
-  // path, exact for oracle sets): 1e-4 relative. A stale position or a wrong one moves the
-  // logits by O(1), as the control below shows.
-  CHECK(MaxRelDiff(got, want) <= 1e-4);
+  // so sums may run in another order (a lone token's dot and a tile's differ; a sparse FFN
+  // takes a lone token through its sparse path, exact for oracle sets), and where that order
+  // crosses a rounding boundary of the F16 KV cache an entry moves by 2^-11 of itself: 1e-3
+  // relative (AVX2 measured 1.8e-4, AVX-512 under 1e-4). A stale position or a wrong one moves
+  // the logits by more than 1e-2, as the control below shows.
+  CHECK(MaxRelDiff(got, want) <= 1e-3);
 
   // Control: without the truncation, kNext follows the stale tokens and its logits differ.
   s.Reset();
