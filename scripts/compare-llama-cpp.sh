@@ -37,9 +37,24 @@ trap 'rm -f "$results"' EXIT
 # One line per measurement: model, threads, who, figure, tokens/s.
 record() { echo "$1 $2 $3 $4 $5" >>"$results"; }
 
+# Runs a command for its standard output; if it fails, shows what it printed on standard error
+# and stops the comparison (the figures so far are lost with it: they would be one-sided).
+run_quiet() {
+  local err out
+  err=$(mktemp)
+  if ! out=$("$@" 2>"$err"); then
+    echo "compare-llama-cpp: failed: $*" >&2
+    tail -5 "$err" >&2
+    rm -f "$err"
+    exit 1
+  fi
+  rm -f "$err"
+  printf '%s\n' "$out"
+}
+
 llama_round() {  # model threads
   local json
-  json=$("$llama_bench" -m "$1" -t "$2" -p "$prompt" -n "$gen" -r 1 -o json 2>/dev/null)
+  json=$(run_quiet "$llama_bench" -m "$1" -t "$2" -p "$prompt" -n "$gen" -r 1 -o json)
   python3 -c '
 import json, sys
 for r in json.loads(sys.argv[1]):
@@ -49,8 +64,8 @@ for r in json.loads(sys.argv[1]):
 
 thermocline_round() {  # model threads
   local json
-  json=$("$thermocline" bench -m "$1" --threads "$2" --prompt-tokens "$prompt" --gen-tokens "$gen" \
-    --repetitions 1 --sparse off --json 2>/dev/null)
+  json=$(run_quiet "$thermocline" bench -m "$1" --threads "$2" --prompt-tokens "$prompt" \
+    --gen-tokens "$gen" --repetitions 1 --sparse off --json)
   python3 -c '
 import json, sys
 j = json.loads(sys.argv[1])
@@ -60,8 +75,8 @@ print("decode", j["decode_tokens_per_s"])
   if [[ -f "$1.thermo.gguf" || -f "${1%.gguf}.thermo.gguf" ]]; then
     local sidecar=$1.thermo.gguf
     [[ -f "$sidecar" ]] || sidecar=${1%.gguf}.thermo.gguf
-    json=$("$thermocline" bench -m "$1" --sidecar "$sidecar" --threads "$2" \
-      --prompt-tokens 16 --gen-tokens "$gen" --repetitions 1 --json 2>/dev/null)
+    json=$(run_quiet "$thermocline" bench -m "$1" --sidecar "$sidecar" --threads "$2" \
+      --prompt-tokens 16 --gen-tokens "$gen" --repetitions 1 --json)
     python3 -c '
 import json, sys
 print("sparse-decode", json.loads(sys.argv[1])["sparse_decode_tokens_per_s"])
