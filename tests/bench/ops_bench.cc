@@ -4,7 +4,9 @@
 //                             activations on every call; MatMul does that once per call, so
 //                             the matmul figures are the ones decode and prefill see.
 //   vec_dot_multi8/<type>/<isa>  the same row against 8 activation rows
-//   matmul/<type>/<isa>/<rows>x<cols>/tokens:<n>/threads:<t>
+//   matmul/<type>/<isa>/<rows>x<cols>/tokens:<n>/threads:<t>   over the file's rows, and
+//   matmul/<type>-groups/...  over the row groups that load builds for Q4_0, Q4_K and Q6_K
+//                             (weight_layout.h): the layout the dense CPU path reads
 //   model/llama1.1b/q4_0/tokens:<n>/threads:<t>   all the products of one forward pass
 // MatMul cycles through copies of the weights totalling more than the last-level cache, so
 // decode (1 token) figures are memory-bound like a real forward pass: GB/s is weight bytes
@@ -22,6 +24,7 @@
 
 #include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
+#include "engine/ops/weight_layout.h"
 #include "engine/util/thread_pool.h"
 
 namespace thermocline {
@@ -74,15 +77,32 @@ void VecDot(benchmark::State& state, GgmlType type, Isa isa, int k) {
       benchmark::Counter(2.0 * n * k * state.iterations(), benchmark::Counter::kIsRate);
 }
 
-// Copies of a rows x cols matrix, enough of them to spill the caches.
+ThreadPool& Pool(int threads);
+
+// Copies of a rows x cols matrix, enough of them to spill the caches; with `groups`, each copy
+// re-laid in row groups as load does.
 struct ColdWeights {
   std::vector<std::vector<uint8_t>> copies;
+  std::vector<OwnedWeight> packed;
   std::vector<WeightView> views;
 };
 
-const ColdWeights& Weights(GgmlType type, int64_t rows, int64_t cols) {
-  static std::map<std::tuple<GgmlType, int64_t, int64_t>, ColdWeights> cache;
-  ColdWeights& cold = cache[{type, rows, cols}];
+OwnedWeight PackGroups(const WeightView& w) {
+  switch (w.type) {
+    case GgmlType::kQ4_0:
+      return PackQ4_0Groups(Pool(2), w);
+    case GgmlType::kQ4_K:
+      return PackQ4_KGroups(Pool(2), w);
+    case GgmlType::kQ6_K:
+      return PackQ6_KGroups(Pool(2), w);
+    default:
+      return {};
+  }
+}
+
+const ColdWeights& Weights(GgmlType type, int64_t rows, int64_t cols, bool groups = false) {
+  static std::map<std::tuple<GgmlType, int64_t, int64_t, bool>, ColdWeights> cache;
+  ColdWeights& cold = cache[{type, rows, cols, groups}];
   if (!cold.views.empty()) return cold;
   const size_t row_bytes = RowBytes(type, cols);
   std::vector<uint8_t> first(row_bytes * rows);
@@ -91,15 +111,23 @@ const ColdWeights& Weights(GgmlType type, int64_t rows, int64_t cols) {
     std::copy(row.begin(), row.end(), first.begin() + r * row_bytes);
   }
   const size_t n_copies = std::max<size_t>(1, kColdBytes / first.size());
+  if (groups) {
+    const WeightView rows_view{type, rows, cols, first.data(), row_bytes};
+    for (size_t i = 0; i < n_copies; ++i) {
+      cold.packed.push_back(PackGroups(rows_view));
+      cold.views.push_back(cold.packed.back().view);
+    }
+    return cold;
+  }
   cold.copies.assign(n_copies, first);
   for (const auto& copy : cold.copies)
     cold.views.push_back({type, rows, cols, copy.data(), row_bytes});
   return cold;
 }
 
-void MatMulBench(benchmark::State& state, GgmlType type, Isa isa, int64_t rows, int64_t cols,
-                 int64_t tokens, int threads) {
-  const ColdWeights& w = Weights(type, rows, cols);
+void MatMulBench(benchmark::State& state, GgmlType type, bool groups, Isa isa, int64_t rows,
+                 int64_t cols, int64_t tokens, int threads) {
+  const ColdWeights& w = Weights(type, rows, cols, groups);
   const std::vector<float> x = RandomFloats(tokens * cols, 3);
   std::vector<float> y(static_cast<size_t>(tokens * rows));
   MatMulScratch scratch;
@@ -111,7 +139,9 @@ void MatMulBench(benchmark::State& state, GgmlType type, Isa isa, int64_t rows, 
     benchmark::DoNotOptimize(y.data());
     i = (i + 1) % w.views.size();
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * w.views[0].row_bytes * rows));
+  // The file's bytes of the matrix: the groups' few bytes of padding and unpacked scales are
+  // not counted as work.
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * RowBytes(type, cols) * rows));
   state.counters["flops"] = benchmark::Counter(2.0 * rows * cols * tokens * state.iterations(),
                                                benchmark::Counter::kIsRate);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens * state.iterations()),
@@ -188,19 +218,23 @@ void RegisterAll() {
     }
   }
   const Isa best = BestIsa();
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kF16, GgmlType::kQ8_0}) {
+  const std::pair<GgmlType, bool> matrices[] = {{GgmlType::kQ4_0, false}, {GgmlType::kQ4_0, true},
+                                                {GgmlType::kQ4_K, false}, {GgmlType::kQ4_K, true},
+                                                {GgmlType::kQ6_K, true},  {GgmlType::kF16, false},
+                                                {GgmlType::kQ8_0, false}};
+  for (const auto& [type, groups] : matrices) {
     for (Isa isa : AvailableIsas()) {
       if (isa == Isa::kScalar) continue;
       for (int64_t rows : {2048, 5632}) {
         for (int64_t tokens : {1, 64}) {
           for (int threads : {1, 2}) {
             if (isa != best && (tokens != 1 || rows != 5632)) continue;  // keep the run short
-            const std::string name = "matmul/" + std::string(TypeName(type)) + "/" + IsaName(isa) +
-                                     "/" + std::to_string(rows) + "x2048" +
-                                     "/tokens:" + std::to_string(tokens) +
-                                     "/threads:" + std::to_string(threads);
-            benchmark::RegisterBenchmark(name.c_str(), MatMulBench, type, isa, rows, 2048, tokens,
-                                         threads)
+            const std::string name =
+                "matmul/" + std::string(TypeName(type)) + (groups ? "-groups/" : "/") +
+                IsaName(isa) + "/" + std::to_string(rows) + "x2048" +
+                "/tokens:" + std::to_string(tokens) + "/threads:" + std::to_string(threads);
+            benchmark::RegisterBenchmark(name.c_str(), MatMulBench, type, groups, isa, rows, 2048,
+                                         tokens, threads)
                 ->UseRealTime()
                 ->MinTime(0.3);
           }
