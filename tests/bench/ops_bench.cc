@@ -77,8 +77,6 @@ void VecDot(benchmark::State& state, GgmlType type, Isa isa, int k) {
       benchmark::Counter(2.0 * n * k * state.iterations(), benchmark::Counter::kIsRate);
 }
 
-ThreadPool& Pool(int threads);
-
 // Copies of a rows x cols matrix, enough of them to spill the caches; with `groups`, each copy
 // re-laid in row groups as load does.
 struct ColdWeights {
