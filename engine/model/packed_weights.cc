@@ -15,20 +15,8 @@ std::shared_ptr<const PackedWeights> PackedWeights::Build(const LlamaModel& mode
         p->copies_.count(w.data) != 0) {
       return;
     }
-    OwnedWeight copy;
-    switch (w.type) {
-      case GgmlType::kQ4_0:
-        copy = PackQ4_0Groups(pool, w);
-        break;
-      case GgmlType::kQ4_K:
-        copy = PackQ4_KGroups(pool, w);
-        break;
-      case GgmlType::kQ6_K:
-        copy = PackQ6_KGroups(pool, w);
-        break;
-      default:
-        return;
-    }
+    OwnedWeight copy = PackRowGroups(pool, w);
+    if (copy.data.empty()) return;  // a type without row groups
     p->bytes_ += copy.data.size();
     p->released_file_bytes_ += file.ReleasePages(w.data, w.rows * w.row_bytes);
     p->copies_.emplace(w.data, std::move(copy));

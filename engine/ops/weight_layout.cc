@@ -257,6 +257,19 @@ OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w) {
       });
 }
 
+OwnedWeight PackRowGroups(ThreadPool& pool, const WeightView& w) {
+  switch (w.type) {
+    case GgmlType::kQ4_0:
+      return PackQ4_0Groups(pool, w);
+    case GgmlType::kQ4_K:
+      return PackQ4_KGroups(pool, w);
+    case GgmlType::kQ6_K:
+      return PackQ6_KGroups(pool, w);
+    default:
+      return {};
+  }
+}
+
 void UnpackQ6_KGroupRow(const WeightView& w, int64_t r, void* row) {
   constexpr int64_t kRows = ops_internal::kQ4GroupRows;
   const int64_t nsb = w.cols / kQK_K, i = r % kRows;

@@ -74,4 +74,8 @@ OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w);
 // Row r of a kQ6_KGroups matrix as GGUF stores it: for tests.
 void UnpackQ6_KGroupRow(const WeightView& w, int64_t r, void* row);
 
+// The row-group copy of a kRows matrix for its type: PackQ4_0Groups, PackQ4_KGroups or
+// PackQ6_KGroups; for any other type an OwnedWeight without data (the type has no groups).
+OwnedWeight PackRowGroups(ThreadPool& pool, const WeightView& w);
+
 }  // namespace thermocline

@@ -85,19 +85,6 @@ struct ColdWeights {
   std::vector<WeightView> views;
 };
 
-OwnedWeight PackGroups(const WeightView& w) {
-  switch (w.type) {
-    case GgmlType::kQ4_0:
-      return PackQ4_0Groups(Pool(2), w);
-    case GgmlType::kQ4_K:
-      return PackQ4_KGroups(Pool(2), w);
-    case GgmlType::kQ6_K:
-      return PackQ6_KGroups(Pool(2), w);
-    default:
-      return {};
-  }
-}
-
 const ColdWeights& Weights(GgmlType type, int64_t rows, int64_t cols, bool groups = false) {
   static std::map<std::tuple<GgmlType, int64_t, int64_t, bool>, ColdWeights> cache;
   ColdWeights& cold = cache[{type, rows, cols, groups}];
@@ -112,7 +99,7 @@ const ColdWeights& Weights(GgmlType type, int64_t rows, int64_t cols, bool group
   if (groups) {
     const WeightView rows_view{type, rows, cols, first.data(), row_bytes};
     for (size_t i = 0; i < n_copies; ++i) {
-      cold.packed.push_back(PackGroups(rows_view));
+      cold.packed.push_back(PackRowGroups(Pool(2), rows_view));
       cold.views.push_back(cold.packed.back().view);
     }
     return cold;
