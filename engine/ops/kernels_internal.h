@@ -131,12 +131,29 @@ inline constexpr size_t Q4KGroupBytes(int64_t n) {
   return static_cast<size_t>(n / kQK_K * kQ4KGroupSuperBytes);
 }
 
+// Q5_K in row groups (weight_layout.h's PackQ5_KGroups): Q4_K's record with the weights' fifth
+// bits between the quants and the scales, one record of Q5KGroupSuperBytes per super-block:
+//   uint8  qs[4][8][kQ4GroupRows][4]  as Q4_K's: the weights' low 4 bits
+//   uint8  qh[8][kQ4GroupRows][4]     chunk c, row r: bytes 4c .. 4c+3 of the row's qh (bit
+//                                     2j of byte k: the fifth bit of element 64j + 4c + k, bit
+//                                     2j + 1: of 64j + 32 + 4c + k), what chunk c of every pair
+//                                     needs in one load
+//   then sc, m, d and dmin as Q4_K's. The weights are 0..31; the sums are Q4_K's.
+inline constexpr int64_t kQ5KGroupHighBytes = 8 * kQ4GroupRows * 4;
+inline constexpr int64_t kQ5KGroupSuperBytes = kQ4KGroupSuperBytes + kQ5KGroupHighBytes;
+static_assert(kQ5KGroupSuperBytes % 64 == 0, "super-block records stay 64-byte aligned");
+inline constexpr size_t Q5KGroupBytes(int64_t n) {
+  return static_cast<size_t>(n / kQK_K * kQ5KGroupSuperBytes);
+}
+
 // Q6_K in row groups (weight_layout.h's PackQ6_KGroups), as Q4_K's, one record of
 // Q6KGroupSuperBytes per super-block:
-//   uint8 q[2][8][3][kQ4GroupRows][4]  half h, chunk k, part p, row r: bytes 4k .. 4k+3 of the
-//                                      row's ql[64h ..) (p 0), ql[64h + 32 ..) (p 1) and
-//                                      qh[32h ..) (p 2), the 16 elements 128h + 4k + 32i + {0..3},
-//                                      i < 4, that these bytes hold
+//   uint8 q[2][8][3][kQ4GroupRows][4]  half h, chunk k, part p, row r: 4 bytes that hold the
+//                                      6-bit weights of the elements 128h + 32s + 4k + {0..3}
+//                                      of its 4 streams s: part p's low 6 bits are stream p's
+//                                      weight, its top 2 bits bits 2p, 2p + 1 of stream 3's
+//                                      (Q6GroupEncode), so that three of the streams are one
+//                                      AND each
 //   int8  sc[16][kQ4GroupRows]         the scales of the sub-blocks of 16
 //   uint16 d[kQ4GroupRows]             fp16, then 32 bytes of zeros (64-byte records)
 // The weights stay unsigned (0..63) in the int8 dots; the offset 32 leaves each sub-block's sum
@@ -149,8 +166,23 @@ inline constexpr size_t Q6KGroupBytes(int64_t n) {
   return static_cast<size_t>(n / kQK_K * kQ6KGroupSuperBytes);
 }
 
-// The kernels of one ISA over Q4_K or Q6_K row groups. Activations are Q8_K rows (the types' own
-// activation format).
+// The three part bytes of one row's chunk from the weights v[0..3] (0..63) of its 4 streams, and
+// back.
+inline void Q6GroupEncode(const int v[4], uint8_t part[3]) {
+  for (int p = 0; p < 3; ++p) {
+    part[p] = static_cast<uint8_t>(v[p] | ((v[3] >> (2 * p)) & 3) << 6);
+  }
+}
+inline void Q6GroupDecode(const uint8_t part[3], int v[4]) {
+  v[3] = 0;
+  for (int p = 0; p < 3; ++p) {
+    v[p] = part[p] & 0x3F;
+    v[3] |= (part[p] >> 6) << (2 * p);
+  }
+}
+
+// The kernels of one ISA over Q4_K, Q5_K or Q6_K row groups. Activations are Q8_K rows (the types'
+// own activation format).
 struct KGroupKernels {
   // y[r] = dot(row r, act) for r < rows: the groups from w on, group_bytes apart.
   void (*matvec)(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows, const uint8_t* act,
@@ -188,6 +220,7 @@ struct IsaKernels {
   AttendF16Fn attend_f16;
   Q4GroupKernels q4_groups;
   KGroupKernels q4k_groups;
+  KGroupKernels q5k_groups;
   KGroupKernels q6k_groups;
 };
 
@@ -198,8 +231,9 @@ const IsaKernels& Avx512VnniKernels();  // kernels_vnni_avx512.cc
 
 // The scalar Q4_0 row-group kernels (q4_groups_scalar.cc).
 Q4GroupKernels ScalarQ4GroupKernels();
-// The scalar Q4_K and Q6_K row-group kernels (kquant_groups_scalar.cc).
+// The scalar Q4_K, Q5_K and Q6_K row-group kernels (kquant_groups_scalar.cc).
 KGroupKernels ScalarQ4KGroupKernels();
+KGroupKernels ScalarQ5KGroupKernels();
 KGroupKernels ScalarQ6KGroupKernels();
 
 // The scalar entries of the types beyond Q8_0 / Q4_0 and of Q8_K (kernels_scalar_quants.cc).

@@ -341,9 +341,13 @@ std::vector<IsaTypeKernels> ScalarTypes() {
 
 const IsaKernels& ScalarKernels() {
   static const std::vector<IsaTypeKernels> types = ScalarTypes();
-  static const IsaKernels kernels = {types.data(),           static_cast<int>(types.size()),
-                                     AttendScalar<float>,    AttendScalar<uint16_t>,
-                                     ScalarQ4GroupKernels(), ScalarQ4KGroupKernels(),
+  static const IsaKernels kernels = {types.data(),
+                                     static_cast<int>(types.size()),
+                                     AttendScalar<float>,
+                                     AttendScalar<uint16_t>,
+                                     ScalarQ4GroupKernels(),
+                                     ScalarQ4KGroupKernels(),
+                                     ScalarQ5KGroupKernels(),
                                      ScalarQ6KGroupKernels()};
   return kernels;
 }

@@ -1,7 +1,7 @@
-// The scalar reference of the Q4_K and Q6_K row-group kernels (kernels_internal.h's layouts and
-// KGroupKernels): always compiled, what the SIMD versions (kquant_groups_simd.inc) are tested
+// The scalar reference of the Q4_K, Q5_K and Q6_K row-group kernels (kernels_internal.h's layouts
+// and KGroupKernels): always compiled, what the SIMD versions (kquant_groups_simd.inc) are tested
 // against. Per row and super-block it computes what they compute per lane: the exact integer
-// sums (Q4_K: Σ sc·(q·x) and Σ m·Σx; Q6_K: Σ sc·(q·x - 32 Σx)), then one fused multiply-add
+// sums (Q4_K, Q5_K: Σ sc·(q·x) and Σ m·Σx; Q6_K: Σ sc·(q·x - 32 Σx)), then one fused multiply-add
 // of each, times d·dx (and dmin·dx), into the row's float sums, so every ISA gives the same
 // bits.
 #include <cmath>
@@ -15,12 +15,16 @@ namespace {
 
 constexpr int kRows = kQ4GroupRows;
 
-// Q4_K: row i of the group at `group` against Q8_K blocks x.
-float GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
+// Q4_K (kFifthBit false) or Q5_K: row i of the group at `group` against Q8_K blocks x.
+template <bool kFifthBit>
+float KGroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
+  constexpr int64_t kRecord = kFifthBit ? kQ5KGroupSuperBytes : kQ4KGroupSuperBytes;
+  constexpr int64_t kHigh = kFifthBit ? kQ5KGroupHighBytes : 0;
   float sum = 0.0f, mins = 0.0f;
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* rec = group + sb * kQ4KGroupSuperBytes;
-    const uint8_t* sc = rec + kQ4KGroupQuantBytes;
+    const uint8_t* rec = group + sb * kRecord;
+    const uint8_t* qh = rec + kQ4KGroupQuantBytes;
+    const uint8_t* sc = qh + kHigh;
     const uint8_t* m = sc + 8 * kRows;
     const uint8_t* d = m + 8 * kRows;
     const int8_t* xq = x[sb].qs;
@@ -30,8 +34,14 @@ float GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) 
       for (int c = 0; c < 8; ++c) {
         const uint8_t* q = rec + ((j * 8 + c) * kRows + i) * 4;
         for (int k = 0; k < 4; ++k) {
-          lo += (q[k] & 0x0F) * xq[64 * j + 4 * c + k];
-          hi += (q[k] >> 4) * xq[64 * j + 32 + 4 * c + k];
+          int w_lo = q[k] & 0x0F, w_hi = q[k] >> 4;
+          if constexpr (kFifthBit) {
+            const int bits = qh[(c * kRows + i) * 4 + k];
+            w_lo |= ((bits >> (2 * j)) & 1) << 4;
+            w_hi |= ((bits >> (2 * j + 1)) & 1) << 4;
+          }
+          lo += w_lo * xq[64 * j + 4 * c + k];
+          hi += w_hi * xq[64 * j + 32 + 4 * c + k];
         }
       }
       dot += lo * sc[(2 * j) * kRows + i] + hi * sc[(2 * j + 1) * kRows + i];
@@ -61,13 +71,11 @@ float Q6GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x
       int32_t part[8] = {0};  // the sub-blocks 8h .. 8h + 7
       for (int k = 0; k < 8; ++k) {
         const uint8_t* q = rec + (h * 8 + k) * 3 * kRows * 4;
-        const uint8_t* lo = q + i * 4;
-        const uint8_t* hi = q + (kRows + i) * 4;
-        const uint8_t* qh = q + (2 * kRows + i) * 4;
         for (int b = 0; b < 4; ++b) {
-          const int v[4] = {(lo[b] & 0x0F) | (qh[b] & 0x03) << 4,
-                            (hi[b] & 0x0F) | (qh[b] & 0x0C) << 2, (lo[b] >> 4) | (qh[b] & 0x30),
-                            (hi[b] >> 4) | (qh[b] & 0xC0) >> 2};
+          const uint8_t bytes[3] = {q[i * 4 + b], q[(kRows + i) * 4 + b],
+                                    q[(2 * kRows + i) * 4 + b]};
+          int v[4];
+          Q6GroupDecode(bytes, v);
           for (int s = 0; s < 4; ++s) {
             part[2 * s + k / 4] += v[s] * xq[128 * h + 32 * s + 4 * k + b];
           }
@@ -105,7 +113,10 @@ void GemmScalar(int64_t n, const uint8_t* w, int rows, const uint8_t* act, size_
 }  // namespace
 
 KGroupKernels ScalarQ4KGroupKernels() {
-  return {MatVecScalar<GroupRowDot>, GemmScalar<GroupRowDot>};
+  return {MatVecScalar<KGroupRowDot<false>>, GemmScalar<KGroupRowDot<false>>};
+}
+KGroupKernels ScalarQ5KGroupKernels() {
+  return {MatVecScalar<KGroupRowDot<true>>, GemmScalar<KGroupRowDot<true>>};
 }
 KGroupKernels ScalarQ6KGroupKernels() {
   return {MatVecScalar<Q6GroupRowDot>, GemmScalar<Q6GroupRowDot>};

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/ops/kernels_internal.h"
+#include "engine/ops/weight_layout.h"
 
 namespace thermocline {
 namespace {
@@ -103,6 +104,8 @@ struct GroupOps {
   void (*matvec)(int64_t, const uint8_t*, size_t, int64_t, const uint8_t*, float*) = nullptr;
   const ops_internal::IsaKernels* table = nullptr;
   const ops_internal::KGroupKernels* k_groups = nullptr;  // the K-quant layouts' kernels
+  // Q4_K and Q5_K: a row as the file stores it (a copy of bytes), for prefill's rows gemm.
+  void (*unpack_row)(const WeightView&, int64_t, void*) = nullptr;
   WeightLayout layout = WeightLayout::kRows;
   Isa isa = Isa::kScalar;  // of the Q8_K quantizer
 
@@ -125,14 +128,59 @@ GroupOps GroupOpsFor(const WeightView& w, Isa isa) {
     g.act_bytes = static_cast<size_t>(TileRowBytes(w.cols));
     g.matvec = g.table->q4_groups.matvec;
   } else {
-    g.k_groups =
-        w.layout == WeightLayout::kQ4_KGroups ? &g.table->q4k_groups : &g.table->q6k_groups;
-    g.group_bytes = w.layout == WeightLayout::kQ4_KGroups ? ops_internal::Q4KGroupBytes(w.cols)
-                                                          : ops_internal::Q6KGroupBytes(w.cols);
+    switch (w.layout) {
+      case WeightLayout::kQ4_KGroups:
+        g.k_groups = &g.table->q4k_groups;
+        g.group_bytes = ops_internal::Q4KGroupBytes(w.cols);
+        g.unpack_row = UnpackQ4_KGroupRow;
+        break;
+      case WeightLayout::kQ5_KGroups:
+        g.k_groups = &g.table->q5k_groups;
+        g.group_bytes = ops_internal::Q5KGroupBytes(w.cols);
+        g.unpack_row = UnpackQ5_KGroupRow;
+        break;
+      case WeightLayout::kQ6_KGroups:
+        g.k_groups = &g.table->q6k_groups;
+        g.group_bytes = ops_internal::Q6KGroupBytes(w.cols);
+        g.unpack_row = UnpackQ6_KGroupRow;
+        break;
+      default:
+        Fatal("not a row-group layout", w);
+    }
     g.act_bytes = RowBytes(GgmlType::kQ8_K, w.cols);
     g.matvec = g.k_groups->matvec;
   }
   return g;
+}
+
+// Prefill over Q4_K or Q5_K groups: each group's rows copied back into the file's layout in the
+// thread's buffer, then the rows' gemm over them. That gemm decodes a chunk of weights once for
+// all the tokens, where the groups' kernels take the tokens one or a few at a time and, for
+// Q5_K without VNNI, lose to it by more than the copy costs.
+void UnpackedGroupsGemm(ThreadPool& pool, const WeightView& w, const GroupOps& ops,
+                        const GemmKernels& gemm, const float* x, int64_t n_tokens, float* y,
+                        uint8_t* scratch_data, size_t scratch_bytes) {
+  const int64_t cols = w.cols, rows = w.rows;
+  const size_t stride = gemm.row_bytes(cols);
+  if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
+  ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
+    gemm.quantize(x + t * cols, cols, gemm.offset, scratch_data + t * stride);
+  });
+  constexpr int64_t kGroupRows = ops_internal::kQ4GroupRows;
+  const int64_t n_groups = (rows + kGroupRows - 1) / kGroupRows;
+  ParallelChunks(pool, n_groups, 1, [&](int64_t g0, int64_t g1) {
+    thread_local std::vector<uint8_t> unpacked;  // grows once per thread, to the widest matrix
+    if (unpacked.size() < kGroupRows * w.row_bytes) unpacked.resize(kGroupRows * w.row_bytes);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t r0 = g * kGroupRows, n = std::min(kGroupRows, rows - r0);
+      for (int64_t i = 0; i < n; ++i) ops.unpack_row(w, r0 + i, unpacked.data() + i * w.row_bytes);
+      for (int64_t i = 0; i < n; i += gemm.rows_per_group) {
+        gemm.gemm(cols, unpacked.data() + i * w.row_bytes, w.row_bytes,
+                  static_cast<int>(std::min<int64_t>(gemm.rows_per_group, n - i)), scratch_data,
+                  stride, n_tokens, y + r0 + i, rows);
+      }
+    }
+  });
 }
 
 // MatMul over row groups: x quantized once per token, then the groups shared out as RunTiles
@@ -141,6 +189,13 @@ void GroupsMatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t
                   uint8_t* scratch_data, size_t scratch_bytes, Isa isa) {
   const GroupOps ops = GroupOpsFor(w, isa);
   const int64_t cols = w.cols, rows = w.rows;
+  if (ops.unpack_row != nullptr) {
+    const GemmKernels* gemm = ops_internal::GemmFor(w.type, isa);
+    if (gemm != nullptr && n_tokens >= gemm->min_tokens) {
+      UnpackedGroupsGemm(pool, w, ops, *gemm, x, n_tokens, y, scratch_data, scratch_bytes);
+      return;
+    }
+  }
   const size_t stride = ops.act_bytes;
   if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
   ForEachToken(pool, n_tokens, cols,

@@ -163,6 +163,61 @@ void UnpackQ4_0GroupRow(const WeightView& w, int64_t r, void* row) {
   }
 }
 
+namespace {
+
+// Row i's parts of a Q4_K or Q5_K super-block record (kernels_internal.h): the low 4 bits of the
+// weights at rec, the scales and mins unpacked from sc on.
+template <class Block>
+void PackKQuantsAndScales(const Block& b, int64_t i, uint8_t* rec, uint8_t* sc) {
+  for (int j = 0; j < 4; ++j) {
+    for (int c = 0; c < 8; ++c) {
+      std::memcpy(rec + ((j * 8 + c) * kGroupRows + i) * 4, b.qs + 32 * j + 4 * c, 4);
+    }
+  }
+  uint8_t* m = sc + 8 * kGroupRows;
+  for (int s = 0; s < 8; ++s) {
+    int scale, min;
+    ops_internal::Q4KScaleMin(b.scales, s, &scale, &min);
+    sc[s * kGroupRows + i] = static_cast<uint8_t>(scale);
+    m[(s / 2 * kGroupRows + i) * 2 + s % 2] = static_cast<uint8_t>(min);
+  }
+  auto* d = reinterpret_cast<uint16_t*>(m + 8 * kGroupRows);
+  d[i] = b.d;
+  d[kGroupRows + i] = b.dmin;
+}
+
+template <class Block>
+void UnpackKQuantsAndScales(const uint8_t* rec, const uint8_t* sc, int64_t i, Block& out) {
+  for (int j = 0; j < 4; ++j) {
+    for (int c = 0; c < 8; ++c) {
+      std::memcpy(out.qs + 32 * j + 4 * c, rec + ((j * 8 + c) * kGroupRows + i) * 4, 4);
+    }
+  }
+  const uint8_t* m = sc + 8 * kGroupRows;
+  uint8_t s[8], mn[8];
+  for (int k = 0; k < 8; ++k) {
+    s[k] = sc[k * kGroupRows + i];
+    mn[k] = m[(k / 2 * kGroupRows + i) * 2 + k % 2];
+  }
+  // The 12-byte packing Q4KScaleMin reads: 6 bits of scales and mins 0..3 with the top two
+  // bits of 4..7 above them, and the low 4 bits of 4..7 in bytes 8..11.
+  for (int j = 0; j < 4; ++j) {
+    out.scales[j] = static_cast<uint8_t>(s[j] | (s[j + 4] >> 4) << 6);
+    out.scales[j + 4] = static_cast<uint8_t>(mn[j] | (mn[j + 4] >> 4) << 6);
+    out.scales[j + 8] = static_cast<uint8_t>((s[j + 4] & 0xF) | (mn[j + 4] & 0xF) << 4);
+  }
+  const auto* d = reinterpret_cast<const uint16_t*>(m + 8 * kGroupRows);
+  out.d = d[i];
+  out.dmin = d[kGroupRows + i];
+}
+
+// Where Q5_K's row groups keep the qh bytes 4c .. 4c+3 of row i, in a super-block's record.
+size_t Q5HighOffset(int c, int64_t i) {
+  return static_cast<size_t>(ops_internal::kQ4KGroupQuantBytes + (c * kGroupRows + i) * 4);
+}
+
+}  // namespace
+
 OwnedWeight PackQ4_KGroups(ThreadPool& pool, const WeightView& w) {
   const int64_t nsb = w.cols / kQK_K;
   return PackGroups(pool, w, WeightLayout::kQ4_KGroups, ops_internal::Q4KGroupBytes(w.cols),
@@ -170,91 +225,96 @@ OwnedWeight PackQ4_KGroups(ThreadPool& pool, const WeightView& w) {
                       const auto* row = reinterpret_cast<const BlockQ4_K*>(r);
                       for (int64_t sb = 0; sb < nsb; ++sb) {
                         uint8_t* rec = group + sb * ops_internal::kQ4KGroupSuperBytes;
-                        for (int j = 0; j < 4; ++j) {
-                          for (int c = 0; c < 8; ++c) {
-                            std::memcpy(rec + ((j * 8 + c) * kGroupRows + i) * 4,
-                                        row[sb].qs + 32 * j + 4 * c, 4);
-                          }
-                        }
-                        uint8_t* sc = rec + ops_internal::kQ4KGroupQuantBytes;
-                        uint8_t* m = sc + 8 * kGroupRows;
-                        for (int s = 0; s < 8; ++s) {
-                          int scale, min;
-                          ops_internal::Q4KScaleMin(row[sb].scales, s, &scale, &min);
-                          sc[s * kGroupRows + i] = static_cast<uint8_t>(scale);
-                          m[(s / 2 * kGroupRows + i) * 2 + s % 2] = static_cast<uint8_t>(min);
-                        }
-                        auto* d = reinterpret_cast<uint16_t*>(m + 8 * kGroupRows);
-                        d[i] = row[sb].d;
-                        d[kGroupRows + i] = row[sb].dmin;
+                        PackKQuantsAndScales(row[sb], i, rec,
+                                             rec + ops_internal::kQ4KGroupQuantBytes);
                       }
                     });
 }
 
 void UnpackQ4_KGroupRow(const WeightView& w, int64_t r, void* row) {
-  constexpr int64_t kRows = ops_internal::kQ4GroupRows;
-  const int64_t nsb = w.cols / kQK_K, i = r % kRows;
-  const uint8_t* group = w.data + r / kRows * ops_internal::Q4KGroupBytes(w.cols);
+  const int64_t nsb = w.cols / kQK_K, i = r % kGroupRows;
+  const uint8_t* group = w.data + r / kGroupRows * ops_internal::Q4KGroupBytes(w.cols);
   auto* out = static_cast<BlockQ4_K*>(row);
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* rec = group + sb * ops_internal::kQ4KGroupSuperBytes;
-    for (int j = 0; j < 4; ++j) {
-      for (int c = 0; c < 8; ++c) {
-        std::memcpy(out[sb].qs + 32 * j + 4 * c, rec + ((j * 8 + c) * kRows + i) * 4, 4);
-      }
-    }
-    const uint8_t* sc = rec + ops_internal::kQ4KGroupQuantBytes;
-    const uint8_t* m = sc + 8 * kRows;
-    uint8_t s[8], mn[8];
-    for (int k = 0; k < 8; ++k) {
-      s[k] = sc[k * kRows + i];
-      mn[k] = m[(k / 2 * kRows + i) * 2 + k % 2];
-    }
-    // The 12-byte packing Q4KScaleMin reads: 6 bits of scales and mins 0..3 with the top two
-    // bits of 4..7 above them, and the low 4 bits of 4..7 in bytes 8..11.
-    for (int j = 0; j < 4; ++j) {
-      out[sb].scales[j] = static_cast<uint8_t>(s[j] | (s[j + 4] >> 4) << 6);
-      out[sb].scales[j + 4] = static_cast<uint8_t>(mn[j] | (mn[j + 4] >> 4) << 6);
-      out[sb].scales[j + 8] = static_cast<uint8_t>((s[j + 4] & 0xF) | (mn[j + 4] & 0xF) << 4);
-    }
-    const auto* d = reinterpret_cast<const uint16_t*>(m + 8 * kRows);
-    out[sb].d = d[i];
-    out[sb].dmin = d[kRows + i];
+    UnpackKQuantsAndScales(rec, rec + ops_internal::kQ4KGroupQuantBytes, i, out[sb]);
+  }
+}
+
+OwnedWeight PackQ5_KGroups(ThreadPool& pool, const WeightView& w) {
+  const int64_t nsb = w.cols / kQK_K;
+  constexpr int64_t kScales = ops_internal::kQ4KGroupQuantBytes + ops_internal::kQ5KGroupHighBytes;
+  return PackGroups(pool, w, WeightLayout::kQ5_KGroups, ops_internal::Q5KGroupBytes(w.cols),
+                    [&](uint8_t* group, int64_t i, const uint8_t* r) {
+                      const auto* row = reinterpret_cast<const BlockQ5_K*>(r);
+                      for (int64_t sb = 0; sb < nsb; ++sb) {
+                        uint8_t* rec = group + sb * ops_internal::kQ5KGroupSuperBytes;
+                        PackKQuantsAndScales(row[sb], i, rec, rec + kScales);
+                        for (int c = 0; c < 8; ++c) {
+                          std::memcpy(rec + Q5HighOffset(c, i), row[sb].qh + 4 * c, 4);
+                        }
+                      }
+                    });
+}
+
+void UnpackQ5_KGroupRow(const WeightView& w, int64_t r, void* row) {
+  constexpr int64_t kScales = ops_internal::kQ4KGroupQuantBytes + ops_internal::kQ5KGroupHighBytes;
+  const int64_t nsb = w.cols / kQK_K, i = r % kGroupRows;
+  const uint8_t* group = w.data + r / kGroupRows * ops_internal::Q5KGroupBytes(w.cols);
+  auto* out = static_cast<BlockQ5_K*>(row);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = group + sb * ops_internal::kQ5KGroupSuperBytes;
+    UnpackKQuantsAndScales(rec, rec + kScales, i, out[sb]);
+    for (int c = 0; c < 8; ++c) std::memcpy(out[sb].qh + 4 * c, rec + Q5HighOffset(c, i), 4);
   }
 }
 
 namespace {
 
-// Where Q6_K's row groups keep part p (0: ql[64h ..), 1: ql[64h + 32 ..), 2: qh[32h ..)) of
-// chunk k of half h of row i, in a super-block's record.
+// Where Q6_K's row groups keep part p of chunk k of half h of row i, in a super-block's record.
 size_t Q6ChunkOffset(int h, int k, int p, int64_t i) {
   return static_cast<size_t>((((h * 8 + k) * 3 + p) * ops_internal::kQ4GroupRows + i) * 4);
+}
+
+// The 6-bit weights (0..63) of element 128h + 32s + l of a Q6_K block, streams s < 4, l < 32:
+// ggml's layout keeps their low 4 bits in ql[64h + l] (s 0, 2) and ql[64h + 32 + l] (s 1, 3),
+// their high 2 bits in qh[32h + l], 2 bits per stream.
+void Q6Weights(const BlockQ6_K& b, int h, int l, int v[4]) {
+  const uint8_t lo = b.ql[64 * h + l], hi = b.ql[64 * h + 32 + l], qh = b.qh[32 * h + l];
+  v[0] = (lo & 0x0F) | (qh & 0x03) << 4;
+  v[1] = (hi & 0x0F) | (qh & 0x0C) << 2;
+  v[2] = (lo >> 4) | (qh & 0x30);
+  v[3] = (hi >> 4) | (qh & 0xC0) >> 2;
 }
 
 }  // namespace
 
 OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w) {
   const int64_t nsb = w.cols / kQK_K;
-  return PackGroups(
-      pool, w, WeightLayout::kQ6_KGroups, ops_internal::Q6KGroupBytes(w.cols),
-      [&](uint8_t* group, int64_t i, const uint8_t* r) {
-        const auto* row = reinterpret_cast<const BlockQ6_K*>(r);
-        for (int64_t sb = 0; sb < nsb; ++sb) {
-          uint8_t* rec = group + sb * ops_internal::kQ6KGroupSuperBytes;
-          for (int h = 0; h < 2; ++h) {
-            for (int k = 0; k < 8; ++k) {
-              std::memcpy(rec + Q6ChunkOffset(h, k, 0, i), row[sb].ql + 64 * h + 4 * k, 4);
-              std::memcpy(rec + Q6ChunkOffset(h, k, 1, i), row[sb].ql + 64 * h + 32 + 4 * k, 4);
-              std::memcpy(rec + Q6ChunkOffset(h, k, 2, i), row[sb].qh + 32 * h + 4 * k, 4);
-            }
-          }
-          uint8_t* sc = rec + ops_internal::kQ6KGroupQuantBytes;
-          for (int s = 0; s < 16; ++s) {
-            sc[s * kGroupRows + i] = static_cast<uint8_t>(row[sb].scales[s]);
-          }
-          reinterpret_cast<uint16_t*>(sc + 16 * kGroupRows)[i] = row[sb].d;
-        }
-      });
+  return PackGroups(pool, w, WeightLayout::kQ6_KGroups, ops_internal::Q6KGroupBytes(w.cols),
+                    [&](uint8_t* group, int64_t i, const uint8_t* r) {
+                      const auto* row = reinterpret_cast<const BlockQ6_K*>(r);
+                      for (int64_t sb = 0; sb < nsb; ++sb) {
+                        uint8_t* rec = group + sb * ops_internal::kQ6KGroupSuperBytes;
+                        for (int h = 0; h < 2; ++h) {
+                          for (int k = 0; k < 8; ++k) {
+                            for (int b = 0; b < 4; ++b) {
+                              int v[4];
+                              Q6Weights(row[sb], h, 4 * k + b, v);
+                              uint8_t part[3];
+                              ops_internal::Q6GroupEncode(v, part);
+                              for (int p = 0; p < 3; ++p)
+                                rec[Q6ChunkOffset(h, k, p, i) + b] = part[p];
+                            }
+                          }
+                        }
+                        uint8_t* sc = rec + ops_internal::kQ6KGroupQuantBytes;
+                        for (int s = 0; s < 16; ++s) {
+                          sc[s * kGroupRows + i] = static_cast<uint8_t>(row[sb].scales[s]);
+                        }
+                        reinterpret_cast<uint16_t*>(sc + 16 * kGroupRows)[i] = row[sb].d;
+                      }
+                    });
 }
 
 OwnedWeight PackRowGroups(ThreadPool& pool, const WeightView& w) {
@@ -263,6 +323,8 @@ OwnedWeight PackRowGroups(ThreadPool& pool, const WeightView& w) {
       return PackQ4_0Groups(pool, w);
     case GgmlType::kQ4_K:
       return PackQ4_KGroups(pool, w);
+    case GgmlType::kQ5_K:
+      return PackQ5_KGroups(pool, w);
     case GgmlType::kQ6_K:
       return PackQ6_KGroups(pool, w);
     default:
@@ -279,9 +341,18 @@ void UnpackQ6_KGroupRow(const WeightView& w, int64_t r, void* row) {
     const uint8_t* rec = group + sb * ops_internal::kQ6KGroupSuperBytes;
     for (int h = 0; h < 2; ++h) {
       for (int k = 0; k < 8; ++k) {
-        std::memcpy(out[sb].ql + 64 * h + 4 * k, rec + Q6ChunkOffset(h, k, 0, i), 4);
-        std::memcpy(out[sb].ql + 64 * h + 32 + 4 * k, rec + Q6ChunkOffset(h, k, 1, i), 4);
-        std::memcpy(out[sb].qh + 32 * h + 4 * k, rec + Q6ChunkOffset(h, k, 2, i), 4);
+        for (int b = 0; b < 4; ++b) {
+          const uint8_t part[3] = {rec[Q6ChunkOffset(h, k, 0, i) + b],
+                                   rec[Q6ChunkOffset(h, k, 1, i) + b],
+                                   rec[Q6ChunkOffset(h, k, 2, i) + b]};
+          int v[4];
+          ops_internal::Q6GroupDecode(part, v);
+          const int l = 4 * k + b;
+          out[sb].ql[64 * h + l] = static_cast<uint8_t>((v[0] & 0xF) | (v[2] & 0xF) << 4);
+          out[sb].ql[64 * h + 32 + l] = static_cast<uint8_t>((v[1] & 0xF) | (v[3] & 0xF) << 4);
+          out[sb].qh[32 * h + l] = static_cast<uint8_t>(v[0] >> 4 | (v[1] >> 4) << 2 |
+                                                        (v[2] >> 4) << 4 | (v[3] >> 4) << 6);
+        }
       }
     }
     const uint8_t* sc = rec + ops_internal::kQ6KGroupQuantBytes;

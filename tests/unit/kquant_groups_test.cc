@@ -1,6 +1,6 @@
-// Q4_K and Q6_K in row groups (weight_layout.h's PackQ4_KGroups / PackQ6_KGroups,
-// kernels_internal.h's KGroupKernels): the packing keeps every row's bytes (Q4_K's scales packed
-// again equal the file's); every ISA's
+// Q4_K, Q5_K and Q6_K in row groups (weight_layout.h's PackQ4_KGroups / PackQ5_KGroups /
+// PackQ6_KGroups, kernels_internal.h's KGroupKernels): the packing keeps every row's bytes (the
+// scales packed again and the re-encoded bits equal the file's); every ISA's
 // mat-vec and gemm give the scalar reference's bits (the same exact integer sums and the same
 // float operations per row); and MatMul over the groups matches the row kernels up to float
 // summation order, for row counts that are not a multiple of the group, one to several
@@ -25,7 +25,7 @@ namespace {
 using ops_internal::kQ4GroupRows;
 using ops_internal::TableOf;
 
-// What differs between the two types' groups.
+// What differs between the types' groups.
 struct GroupType {
   GgmlType type;
   WeightLayout layout;
@@ -37,6 +37,8 @@ struct GroupType {
 const GroupType kTypes[] = {
     {GgmlType::kQ4_K, WeightLayout::kQ4_KGroups, PackQ4_KGroups, UnpackQ4_KGroupRow,
      ops_internal::Q4KGroupBytes, &ops_internal::IsaKernels::q4k_groups},
+    {GgmlType::kQ5_K, WeightLayout::kQ5_KGroups, PackQ5_KGroups, UnpackQ5_KGroupRow,
+     ops_internal::Q5KGroupBytes, &ops_internal::IsaKernels::q5k_groups},
     {GgmlType::kQ6_K, WeightLayout::kQ6_KGroups, PackQ6_KGroups, UnpackQ6_KGroupRow,
      ops_internal::Q6KGroupBytes, &ops_internal::IsaKernels::q6k_groups},
 };

@@ -28,7 +28,8 @@ using testing::TestModelPath;
 constexpr double kNearTie = 0.4;
 
 bool Repacked(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K;
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ5_K ||
+         type == GgmlType::kQ6_K;
 }
 
 std::vector<const WeightView*> RepackedMatrices(const LlamaModel& model) {
@@ -46,8 +47,9 @@ bool Packed(const Engine& e, const WeightView& w) {
          e.packed_weights()->Resolve(w).layout != WeightLayout::kRows;
 }
 
-TEST_CASE("the re-laid Q4_0 and Q4_K engines give llama.cpp's greedy tokens", "[packed][kquants]") {
-  const std::string type = GENERATE(as<std::string>{}, "q4_0", "q4_k_m");
+TEST_CASE("the re-laid Q4_0, Q4_K and Q5_K engines give llama.cpp's greedy tokens",
+          "[packed][kquants]") {
+  const std::string type = GENERATE(as<std::string>{}, "q4_0", "q4_k_m", "q5_k_m");
   INFO("stories-wide." << type);
   const std::string file = TestModelPath("kquants/stories-wide." + type + ".gguf");
   if (!std::filesystem::exists(file)) THERMOCLINE_SKIP("kquants/ test models not found");
@@ -62,9 +64,9 @@ TEST_CASE("the re-laid Q4_0 and Q4_K engines give llama.cpp's greedy tokens", "[
   REQUIRE(engine.ok());
   const Engine& e = **engine;
 
-  // Every Q4_0, Q4_K and Q6_K matrix of the dense path is re-laid, its bytes those of the file's
-  // rows, which still read as they did (their pages were released and fault in again from the
-  // file).
+  // Every Q4_0, Q4_K, Q5_K and Q6_K matrix of the dense path is re-laid, its bytes those of the
+  // file's rows, which still read as they did (their pages were released and fault in again from
+  // the file).
   const std::vector<const WeightView*> q4 = RepackedMatrices(model);
   REQUIRE(!q4.empty());
   const PackedWeights& packed = *e.packed_weights();
@@ -75,6 +77,7 @@ TEST_CASE("the re-laid Q4_0 and Q4_K engines give llama.cpp's greedy tokens", "[
     const WeightView& p = packed.Resolve(*w);
     const WeightLayout want_layout = w->type == GgmlType::kQ4_0   ? WeightLayout::kQ4_0Groups
                                      : w->type == GgmlType::kQ4_K ? WeightLayout::kQ4_KGroups
+                                     : w->type == GgmlType::kQ5_K ? WeightLayout::kQ5_KGroups
                                                                   : WeightLayout::kQ6_KGroups;
     REQUIRE(p.layout == want_layout);
     file_bytes += w->rows * w->row_bytes;
@@ -84,6 +87,8 @@ TEST_CASE("the re-laid Q4_0 and Q4_K engines give llama.cpp's greedy tokens", "[
         UnpackQ4_0GroupRow(p, r, row.data());
       } else if (p.layout == WeightLayout::kQ4_KGroups) {
         UnpackQ4_KGroupRow(p, r, row.data());
+      } else if (p.layout == WeightLayout::kQ5_KGroups) {
+        UnpackQ5_KGroupRow(p, r, row.data());
       } else {
         UnpackQ6_KGroupRow(p, r, row.data());
       }
