@@ -1,6 +1,6 @@
-// PackedWeights: which matrices of the scope are re-laid (Q4_0, Q4_K, Q6_K), one at a time, each
-// released from the file as soon as its copy exists (the load never holds two copies of more than
-// one matrix).
+// PackedWeights: which matrices of the scope are re-laid (Q4_0, Q3_K to Q6_K), one at a time,
+// each released from the file as soon as its copy exists (the load never holds two copies of more
+// than one matrix).
 #include "engine/model/packed_weights.h"
 
 namespace thermocline {

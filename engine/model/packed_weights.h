@@ -29,8 +29,8 @@ struct PackScope {
 
 class PackedWeights {
  public:
-  // Re-lays the Q4_0, Q4_K and Q6_K matrices of `scope` (other types stay as they are), parallel
-  // over the pool.
+  // Re-lays the Q4_0 and K-quant (Q3_K to Q6_K) matrices of `scope` (other types stay as they are),
+  // parallel over the pool.
   static std::shared_ptr<const PackedWeights> Build(const LlamaModel& model, const PackScope& scope,
                                                     ThreadPool& pool);
 

@@ -166,6 +166,24 @@ inline constexpr size_t Q6KGroupBytes(int64_t n) {
   return static_cast<size_t>(n / kQK_K * kQ6KGroupSuperBytes);
 }
 
+// Q3_K in row groups (weight_layout.h's PackQ3_KGroups), with Q6_K's streams and sub-blocks,
+// one record of Q3KGroupSuperBytes per super-block:
+//   uint8 qs[2][8][kQ4GroupRows][4]  half h, chunk k, row r: bytes 4k .. 4k+3 of the row's
+//                                    qs[32h ..): bits 2s, 2s + 1 of byte b are the low 2 bits
+//                                    of element 128h + 32s + 4k + b
+//   uint8 hm[8][kQ4GroupRows][4]     chunk k, row r: bytes 4k .. 4k+3 of the row's hmask (bit
+//                                    4h + s of byte b: bit 2 of that element)
+//   uint8 sc[16][kQ4GroupRows]       the sub-blocks' 6-bit scales, unpacked (scale: sc - 32)
+//   uint16 d[kQ4GroupRows]           fp16, then zeros to 64 bytes
+// The weights are unsigned (q = low 2 bits + 4 · bit 2, 0..7) with offset 4, as Q6_K's:
+//   y += d·dx · Σ_s sc[s]·((q·x)_s - 4 Σ x_s)
+inline constexpr int64_t kQ3KGroupQuantBytes = (2 * 8 + 8) * kQ4GroupRows * 4;
+inline constexpr int64_t kQ3KGroupSuperBytes =
+    (kQ3KGroupQuantBytes + 16 * kQ4GroupRows + 2 * kQ4GroupRows + 63) / 64 * 64;
+inline constexpr size_t Q3KGroupBytes(int64_t n) {
+  return static_cast<size_t>(n / kQK_K * kQ3KGroupSuperBytes);
+}
+
 // The three part bytes of one row's chunk from the weights v[0..3] (0..63) of its 4 streams, and
 // back.
 inline void Q6GroupEncode(const int v[4], uint8_t part[3]) {
@@ -181,8 +199,8 @@ inline void Q6GroupDecode(const uint8_t part[3], int v[4]) {
   }
 }
 
-// The kernels of one ISA over Q4_K, Q5_K or Q6_K row groups. Activations are Q8_K rows (the types'
-// own activation format).
+// The kernels of one ISA over Q3_K, Q4_K, Q5_K or Q6_K row groups. Activations are Q8_K rows (the
+// types' own activation format).
 struct KGroupKernels {
   // y[r] = dot(row r, act) for r < rows: the groups from w on, group_bytes apart.
   void (*matvec)(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows, const uint8_t* act,
@@ -219,6 +237,7 @@ struct IsaKernels {
   AttendFn attend;
   AttendF16Fn attend_f16;
   Q4GroupKernels q4_groups;
+  KGroupKernels q3k_groups;
   KGroupKernels q4k_groups;
   KGroupKernels q5k_groups;
   KGroupKernels q6k_groups;
@@ -231,7 +250,8 @@ const IsaKernels& Avx512VnniKernels();  // kernels_vnni_avx512.cc
 
 // The scalar Q4_0 row-group kernels (q4_groups_scalar.cc).
 Q4GroupKernels ScalarQ4GroupKernels();
-// The scalar Q4_K, Q5_K and Q6_K row-group kernels (kquant_groups_scalar.cc).
+// The scalar Q3_K, Q4_K, Q5_K and Q6_K row-group kernels (kquant_groups_scalar.cc).
+KGroupKernels ScalarQ3KGroupKernels();
 KGroupKernels ScalarQ4KGroupKernels();
 KGroupKernels ScalarQ5KGroupKernels();
 KGroupKernels ScalarQ6KGroupKernels();

@@ -1,9 +1,9 @@
-// The scalar reference of the Q4_K, Q5_K and Q6_K row-group kernels (kernels_internal.h's layouts
-// and KGroupKernels): always compiled, what the SIMD versions (kquant_groups_simd.inc) are tested
+// The scalar reference of the K-quants' row-group kernels (kernels_internal.h's layouts and
+// KGroupKernels): always compiled, what the SIMD versions (kquant_groups_simd.inc) are tested
 // against. Per row and super-block it computes what they compute per lane: the exact integer
-// sums (Q4_K, Q5_K: Σ sc·(q·x) and Σ m·Σx; Q6_K: Σ sc·(q·x - 32 Σx)), then one fused multiply-add
-// of each, times d·dx (and dmin·dx), into the row's float sums, so every ISA gives the same
-// bits.
+// sums (Q4_K, Q5_K: Σ sc·(q·x) and Σ m·Σx; Q6_K, Q3_K: Σ sc·(q·x - offset·Σx)), then one fused
+// multiply-add of each, times d·dx (and dmin·dx), into the row's float sums, so every ISA gives
+// the same bits.
 #include <cmath>
 #include <cstring>
 
@@ -93,6 +93,40 @@ float Q6GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x
   return sum;
 }
 
+// Q3_K: row i of the group at `group` against Q8_K blocks x.
+float Q3GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
+  constexpr int64_t kHm = 2 * 8 * kRows * 4;
+  float sum = 0.0f;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = group + sb * kQ3KGroupSuperBytes;
+    const uint8_t* sc = rec + kQ3KGroupQuantBytes;
+    const uint8_t* d = rec + kQ3KGroupQuantBytes + 16 * kRows;
+    const int8_t* xq = x[sb].qs;
+    int32_t dot = 0;
+    for (int h = 0; h < 2; ++h) {
+      int32_t part[8] = {0};  // the sub-blocks 8h .. 8h + 7
+      for (int k = 0; k < 8; ++k) {
+        const uint8_t* qs = rec + ((h * 8 + k) * kRows + i) * 4;
+        const uint8_t* hm = rec + kHm + (k * kRows + i) * 4;
+        for (int b = 0; b < 4; ++b) {
+          for (int s = 0; s < 4; ++s) {
+            const int q = ((qs[b] >> (2 * s)) & 3) | ((hm[b] >> (4 * h + s)) & 1) << 2;
+            part[2 * s + k / 4] += q * xq[128 * h + 32 * s + 4 * k + b];
+          }
+        }
+      }
+      for (int s = 0; s < 8; ++s) {
+        const int sub = 8 * h + s;
+        dot += (part[s] - 4 * x[sb].bsums[sub]) * (sc[sub * kRows + i] - 32);
+      }
+    }
+    uint16_t d_bits;
+    std::memcpy(&d_bits, d + 2 * i, 2);
+    sum = std::fma(static_cast<float>(dot), HalfToFloat(d_bits) * x[sb].d, sum);
+  }
+  return sum;
+}
+
 template <float (*RowDot)(int64_t, const uint8_t*, int, const BlockQ8_K*)>
 void MatVecScalar(int64_t n, const uint8_t* w, size_t group_bytes, int64_t rows, const uint8_t* act,
                   float* y) {
@@ -112,6 +146,9 @@ void GemmScalar(int64_t n, const uint8_t* w, int rows, const uint8_t* act, size_
 
 }  // namespace
 
+KGroupKernels ScalarQ3KGroupKernels() {
+  return {MatVecScalar<Q3GroupRowDot>, GemmScalar<Q3GroupRowDot>};
+}
 KGroupKernels ScalarQ4KGroupKernels() {
   return {MatVecScalar<KGroupRowDot<false>>, GemmScalar<KGroupRowDot<false>>};
 }

@@ -104,7 +104,7 @@ struct GroupOps {
   void (*matvec)(int64_t, const uint8_t*, size_t, int64_t, const uint8_t*, float*) = nullptr;
   const ops_internal::IsaKernels* table = nullptr;
   const ops_internal::KGroupKernels* k_groups = nullptr;  // the K-quant layouts' kernels
-  // Q4_K and Q5_K: a row as the file stores it (a copy of bytes), for prefill's rows gemm.
+  // A row as the file stores it, for prefill's rows gemm.
   void (*unpack_row)(const WeightView&, int64_t, void*) = nullptr;
   WeightLayout layout = WeightLayout::kRows;
   Isa isa = Isa::kScalar;  // of the Q8_K quantizer
@@ -129,6 +129,11 @@ GroupOps GroupOpsFor(const WeightView& w, Isa isa) {
     g.matvec = g.table->q4_groups.matvec;
   } else {
     switch (w.layout) {
+      case WeightLayout::kQ3_KGroups:
+        g.k_groups = &g.table->q3k_groups;
+        g.group_bytes = ops_internal::Q3KGroupBytes(w.cols);
+        g.unpack_row = UnpackQ3_KGroupRow;
+        break;
       case WeightLayout::kQ4_KGroups:
         g.k_groups = &g.table->q4k_groups;
         g.group_bytes = ops_internal::Q4KGroupBytes(w.cols);
@@ -153,7 +158,7 @@ GroupOps GroupOpsFor(const WeightView& w, Isa isa) {
   return g;
 }
 
-// Prefill over Q4_K or Q5_K groups: each group's rows copied back into the file's layout in the
+// Prefill over K-quant groups: each group's rows copied back into the file's layout in the
 // thread's buffer, then the rows' gemm over them. That gemm decodes a chunk of weights once for
 // all the tokens, where the groups' kernels take the tokens one or a few at a time and, for
 // Q5_K without VNNI, lose to it by more than the copy costs.

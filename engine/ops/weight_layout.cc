@@ -317,10 +317,64 @@ OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w) {
                     });
 }
 
+OwnedWeight PackQ3_KGroups(ThreadPool& pool, const WeightView& w) {
+  const int64_t nsb = w.cols / kQK_K;
+  constexpr int64_t kHm = 2 * 8 * kGroupRows * 4;  // where the hmask words start
+  return PackGroups(
+      pool, w, WeightLayout::kQ3_KGroups, ops_internal::Q3KGroupBytes(w.cols),
+      [&](uint8_t* group, int64_t i, const uint8_t* r) {
+        const auto* row = reinterpret_cast<const BlockQ3_K*>(r);
+        for (int64_t sb = 0; sb < nsb; ++sb) {
+          uint8_t* rec = group + sb * ops_internal::kQ3KGroupSuperBytes;
+          for (int k = 0; k < 8; ++k) {
+            for (int h = 0; h < 2; ++h) {
+              std::memcpy(rec + ((h * 8 + k) * kGroupRows + i) * 4, row[sb].qs + 32 * h + 4 * k, 4);
+            }
+            std::memcpy(rec + kHm + (k * kGroupRows + i) * 4, row[sb].hmask + 4 * k, 4);
+          }
+          int32_t scales[16];
+          ops_internal::Q3KScales(row[sb].scales, scales);
+          uint8_t* sc = rec + ops_internal::kQ3KGroupQuantBytes;
+          for (int s = 0; s < 16; ++s) {
+            sc[s * kGroupRows + i] = static_cast<uint8_t>(scales[s] + 32);
+          }
+          reinterpret_cast<uint16_t*>(sc + 16 * kGroupRows)[i] = row[sb].d;
+        }
+      });
+}
+
+void UnpackQ3_KGroupRow(const WeightView& w, int64_t r, void* row) {
+  constexpr int64_t kHm = 2 * 8 * kGroupRows * 4;
+  const int64_t nsb = w.cols / kQK_K, i = r % kGroupRows;
+  const uint8_t* group = w.data + r / kGroupRows * ops_internal::Q3KGroupBytes(w.cols);
+  auto* out = static_cast<BlockQ3_K*>(row);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = group + sb * ops_internal::kQ3KGroupSuperBytes;
+    for (int k = 0; k < 8; ++k) {
+      for (int h = 0; h < 2; ++h) {
+        std::memcpy(out[sb].qs + 32 * h + 4 * k, rec + ((h * 8 + k) * kGroupRows + i) * 4, 4);
+      }
+      std::memcpy(out[sb].hmask + 4 * k, rec + kHm + (k * kGroupRows + i) * 4, 4);
+    }
+    // The 12-byte packing Q3KScales reads: the low 4 bits of scales 0..7 and 8..15 as the
+    // nibbles of bytes 0..7, the high 2 bits of scale j at bits 2(j / 4) of byte 8 + j % 4.
+    const uint8_t* sc = rec + ops_internal::kQ3KGroupQuantBytes;
+    std::memset(out[sb].scales, 0, sizeof(out[sb].scales));
+    for (int j = 0; j < 16; ++j) {
+      const int l = sc[j * kGroupRows + i];
+      out[sb].scales[j % 8] |= static_cast<uint8_t>((l & 0xF) << (j < 8 ? 0 : 4));
+      out[sb].scales[8 + j % 4] |= static_cast<uint8_t>((l >> 4) << (2 * (j / 4)));
+    }
+    out[sb].d = reinterpret_cast<const uint16_t*>(sc + 16 * kGroupRows)[i];
+  }
+}
+
 OwnedWeight PackRowGroups(ThreadPool& pool, const WeightView& w) {
   switch (w.type) {
     case GgmlType::kQ4_0:
       return PackQ4_0Groups(pool, w);
+    case GgmlType::kQ3_K:
+      return PackQ3_KGroups(pool, w);
     case GgmlType::kQ4_K:
       return PackQ4_KGroups(pool, w);
     case GgmlType::kQ5_K:

@@ -5,7 +5,7 @@
 //                             the matmul figures are the ones decode and prefill see.
 //   vec_dot_multi8/<type>/<isa>  the same row against 8 activation rows
 //   matmul/<type>/<isa>/<rows>x<cols>/tokens:<n>/threads:<t>   over the file's rows, and
-//   matmul/<type>-groups/...  over the row groups that load builds for Q4_0, Q4_K, Q5_K and Q6_K
+//   matmul/<type>-groups/...  over the row groups that load builds for Q4_0 and the K-quants
 //                             (weight_layout.h): the layout the dense CPU path reads
 //   model/llama1.1b/q4_0/tokens:<n>/threads:<t>   all the products of one forward pass
 // MatMul cycles through copies of the weights totalling more than the last-level cache, so
@@ -203,11 +203,11 @@ void RegisterAll() {
     }
   }
   const Isa best = BestIsa();
-  const std::pair<GgmlType, bool> matrices[] = {{GgmlType::kQ4_0, false}, {GgmlType::kQ4_0, true},
-                                                {GgmlType::kQ4_K, false}, {GgmlType::kQ4_K, true},
-                                                {GgmlType::kQ6_K, true},  {GgmlType::kQ5_K, false},
-                                                {GgmlType::kQ5_K, true},  {GgmlType::kQ3_K, false},
-                                                {GgmlType::kF16, false},  {GgmlType::kQ8_0, false}};
+  const std::pair<GgmlType, bool> matrices[] = {
+      {GgmlType::kQ4_0, false}, {GgmlType::kQ4_0, true},  {GgmlType::kQ4_K, false},
+      {GgmlType::kQ4_K, true},  {GgmlType::kQ6_K, true},  {GgmlType::kQ5_K, false},
+      {GgmlType::kQ5_K, true},  {GgmlType::kQ3_K, false}, {GgmlType::kQ3_K, true},
+      {GgmlType::kF16, false},  {GgmlType::kQ8_0, false}};
   for (const auto& [type, groups] : matrices) {
     for (Isa isa : AvailableIsas()) {
       if (isa == Isa::kScalar) continue;

@@ -1,5 +1,5 @@
-// Q4_K, Q5_K and Q6_K in row groups (weight_layout.h's PackQ4_KGroups / PackQ5_KGroups /
-// PackQ6_KGroups, kernels_internal.h's KGroupKernels): the packing keeps every row's bytes (the
+// The K-quants in row groups (weight_layout.h's PackQ3_KGroups ... PackQ6_KGroups,
+// kernels_internal.h's KGroupKernels): the packing keeps every row's bytes (the
 // scales packed again and the re-encoded bits equal the file's); every ISA's
 // mat-vec and gemm give the scalar reference's bits (the same exact integer sums and the same
 // float operations per row); and MatMul over the groups matches the row kernels up to float
@@ -35,6 +35,8 @@ struct GroupType {
   ops_internal::KGroupKernels ops_internal::IsaKernels::*kernels;
 };
 const GroupType kTypes[] = {
+    {GgmlType::kQ3_K, WeightLayout::kQ3_KGroups, PackQ3_KGroups, UnpackQ3_KGroupRow,
+     ops_internal::Q3KGroupBytes, &ops_internal::IsaKernels::q3k_groups},
     {GgmlType::kQ4_K, WeightLayout::kQ4_KGroups, PackQ4_KGroups, UnpackQ4_KGroupRow,
      ops_internal::Q4KGroupBytes, &ops_internal::IsaKernels::q4k_groups},
     {GgmlType::kQ5_K, WeightLayout::kQ5_KGroups, PackQ5_KGroups, UnpackQ5_KGroupRow,
