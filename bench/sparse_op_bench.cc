@@ -9,9 +9,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "bench/touch_lines.h"
 #include "engine/ops/matmul.h"
 #include "engine/ops/type_table.h"
-#include "bench/touch_lines.h"
+#include "engine/ops/weight_layout.h"
 #include "engine/sparse/sparse_ops.h"
 
 namespace thermocline {
@@ -70,8 +71,11 @@ OwnedWeight Copy(const OwnedWeight& src) {
 
 struct Layer {
   OwnedWeight gate, up, down, down_t;  // gate, up: (n_ff, n_embd); down: (n_embd, n_ff)
-  InterleavedGateUp gate_up;           // interleave_gate_up: what the sparse path reads
-  int64_t hot_start = 0;               // kMixed: where the hot block begins
+  // What the engine's dense path reads: the row groups of gate, up and down for the types that
+  // have them (PackRowGroups; empty: the rows above).
+  OwnedWeight gate_groups, up_groups, down_groups;
+  InterleavedGateUp gate_up;  // interleave_gate_up: what the sparse path reads
+  int64_t hot_start = 0;      // kMixed: where the hot block begins
 };
 
 // Draws `m` distinct neurons of [0, n) into idx (sorted); perm: a permutation buffer of n.
@@ -164,6 +168,9 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
     layers[0].gate = RandomWeight(pool, type, n_ff, d, o.seed + 1);
     layers[0].up = RandomWeight(pool, type, n_ff, d, o.seed + 2);
     layers[0].down = RandomWeight(pool, type, d, n_ff, o.seed + 3);
+    layers[0].gate_groups = PackRowGroups(pool, layers[0].gate.view);
+    layers[0].up_groups = PackRowGroups(pool, layers[0].up.view);
+    layers[0].down_groups = PackRowGroups(pool, layers[0].down.view);
     auto dt = TransposeWeight(pool, layers[0].down.view);
     if (!dt.ok()) return dt.status();
     layers[0].down_t = *std::move(dt);
@@ -174,7 +181,9 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
     }
     const int64_t layer_bytes = static_cast<int64_t>(
         layers[0].gate.data.size() + layers[0].up.data.size() + layers[0].down.data.size() +
-        layers[0].down_t.data.size() + layers[0].gate_up.storage.data.size());
+        layers[0].down_t.data.size() + layers[0].gate_up.storage.data.size() +
+        layers[0].gate_groups.data.size() + layers[0].up_groups.data.size() +
+        layers[0].down_groups.data.size());
     const int64_t n_layers =
         std::max<int64_t>(2, (o.min_weight_bytes + layer_bytes - 1) / layer_bytes);
     for (int64_t l = 1; l < n_layers; ++l) {
@@ -183,6 +192,9 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
       c.up = Copy(layers[0].up);
       c.down = Copy(layers[0].down);
       c.down_t = Copy(layers[0].down_t);
+      c.gate_groups = Copy(layers[0].gate_groups);
+      c.up_groups = Copy(layers[0].up_groups);
+      c.down_groups = Copy(layers[0].down_groups);
       if (o.interleave_gate_up) {
         c.gate_up.storage = Copy(layers[0].gate_up.storage);
         const WeightView& v = c.gate_up.storage.view;
@@ -200,12 +212,15 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
       return l;
     };
 
+    auto dense_view = [](const OwnedWeight& groups, const OwnedWeight& rows) -> const WeightView& {
+      return groups.data.empty() ? rows.view : groups.view;
+    };
     auto dense = [&](const Layer& l, double* gu, double* dn) {
       const auto t0 = std::chrono::steady_clock::now();
-      MatMul(pool, l.gate.view, x.data(), 1, y_gate.data(), matmul_scratch);
-      MatMul(pool, l.up.view, x.data(), 1, y_up.data(), matmul_scratch);
+      MatMul(pool, dense_view(l.gate_groups, l.gate), x.data(), 1, y_gate.data(), matmul_scratch);
+      MatMul(pool, dense_view(l.up_groups, l.up), x.data(), 1, y_up.data(), matmul_scratch);
       const auto t1 = std::chrono::steady_clock::now();
-      MatMul(pool, l.down.view, act.data(), 1, out.data(), matmul_scratch);
+      MatMul(pool, dense_view(l.down_groups, l.down), act.data(), 1, out.data(), matmul_scratch);
       const auto t2 = std::chrono::steady_clock::now();
       *gu = Micros(t0, t1);
       *dn = Micros(t1, t2);

@@ -1,5 +1,6 @@
 // The operator benchmark of the sparse FFN (`thermocline bench --ops`): per weight type, dense
-// gate+up+down of one token (MatMul, the decode path) against the neuron-aware operators
+// gate+up+down of one token (MatMul over what the engine's dense decode reads: the row groups of
+// Q4_0 and the K-quants, the rows of the other types) against the neuron-aware operators
 // (prepare + fused row-sparse gate/up + axpy over down_t) at a range of active fractions, on
 // one thread pool, interleaved so that machine noise hits both. Random weights of an FFN shape.
 #pragma once

@@ -178,19 +178,23 @@ void GenerateStream::OnWriteDone(bool ok) {
     finish = !write && job_done_;
     status = final_status_;
   }
-  if (!ok && !finish) scheduler_->Cancel(job_, CancelReason::kClientGone);
+  // A write fails once the call is gone, which may be before OnCancel says why.
+  if (!ok && !finish) scheduler_->Cancel(job_, WhyGone());
   if (write) StartWrite(&in_flight_);
   if (finish) FinishOnce(status);
 }
 
-void GenerateStream::OnCancel() {
-  CancelReason reason = CancelReason::kClientGone;
-  if (shared_->draining.load()) {
-    reason = CancelReason::kShutdown;
-  } else if (job_->deadline != Clock::time_point::max() &&
-             Clock::now() + kDeadlineSlack >= job_->deadline) {
-    reason = CancelReason::kDeadline;
+CancelReason GenerateStream::WhyGone() const {
+  if (shared_->draining.load()) return CancelReason::kShutdown;
+  if (job_->deadline != Clock::time_point::max() &&
+      Clock::now() + kDeadlineSlack >= job_->deadline) {
+    return CancelReason::kDeadline;
   }
+  return CancelReason::kClientGone;
+}
+
+void GenerateStream::OnCancel() {
+  const CancelReason reason = WhyGone();
   // The job's reason is set before the sink refuses tokens, so that the decode loop ends it with
   // this reason. A queued job finishes right here (OnFinish on this thread); a running one after
   // its current token.

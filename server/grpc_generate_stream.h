@@ -49,6 +49,9 @@ class GenerateStream final : public grpc::ServerWriteReactor<thermocline::v1::Ge
   bool TakeWriteLocked();
   // Finishes the call once (after the last write).
   void FinishOnce(const grpc::Status& status);
+  // Why the call is gone (cancelled, or a write failed): the server is shutting down, the
+  // job's deadline has passed (within the clocks' slack), or else the client left.
+  CancelReason WhyGone() const;
 
   grpc::CallbackServerContext* const context_;
   std::shared_ptr<Job> job_;

@@ -184,6 +184,22 @@ inline constexpr size_t Q3KGroupBytes(int64_t n) {
   return static_cast<size_t>(n / kQK_K * kQ3KGroupSuperBytes);
 }
 
+// Q2_K in row groups (weight_layout.h's PackQ2_KGroups), with Q3_K's streams, one record of
+// Q2KGroupSuperBytes per super-block, the same bytes as the rows:
+//   uint8 qs[2][8][kQ4GroupRows][4]  as Q3_K's: bits 2s, 2s + 1 of byte b, the weight (0..3)
+//                                    of element 128h + 32s + 4k + b
+//   uint8 sc[8][kQ4GroupRows][2]     pair j, row r: the row's scales bytes 2j, 2j + 1 (low
+//                                    nibble the sub-block's scale, high nibble its min)
+//   uint16 d[kQ4GroupRows], dmin[kQ4GroupRows]  fp16
+//   y += d·dx · Σ_s sc[s]·(q·x)_s  -  dmin·dx · Σ_s m[s]·Σ x_s
+inline constexpr int64_t kQ2KGroupQuantBytes = 2 * 8 * kQ4GroupRows * 4;
+inline constexpr int64_t kQ2KGroupSuperBytes =
+    kQ2KGroupQuantBytes + 16 * kQ4GroupRows + 4 * kQ4GroupRows;
+static_assert(kQ2KGroupSuperBytes % 64 == 0, "super-block records stay 64-byte aligned");
+inline constexpr size_t Q2KGroupBytes(int64_t n) {
+  return static_cast<size_t>(n / kQK_K * kQ2KGroupSuperBytes);
+}
+
 // The three part bytes of one row's chunk from the weights v[0..3] (0..63) of its 4 streams, and
 // back.
 inline void Q6GroupEncode(const int v[4], uint8_t part[3]) {
@@ -199,7 +215,7 @@ inline void Q6GroupDecode(const uint8_t part[3], int v[4]) {
   }
 }
 
-// The kernels of one ISA over Q3_K, Q4_K, Q5_K or Q6_K row groups. Activations are Q8_K rows (the
+// The kernels of one ISA over the K-quants' row groups. Activations are Q8_K rows (the
 // types' own activation format).
 struct KGroupKernels {
   // y[r] = dot(row r, act) for r < rows: the groups from w on, group_bytes apart.
@@ -237,6 +253,7 @@ struct IsaKernels {
   AttendFn attend;
   AttendF16Fn attend_f16;
   Q4GroupKernels q4_groups;
+  KGroupKernels q2k_groups;
   KGroupKernels q3k_groups;
   KGroupKernels q4k_groups;
   KGroupKernels q5k_groups;
@@ -250,7 +267,8 @@ const IsaKernels& Avx512VnniKernels();  // kernels_vnni_avx512.cc
 
 // The scalar Q4_0 row-group kernels (q4_groups_scalar.cc).
 Q4GroupKernels ScalarQ4GroupKernels();
-// The scalar Q3_K, Q4_K, Q5_K and Q6_K row-group kernels (kquant_groups_scalar.cc).
+// The scalar K-quant row-group kernels (kquant_groups_scalar.cc).
+KGroupKernels ScalarQ2KGroupKernels();
 KGroupKernels ScalarQ3KGroupKernels();
 KGroupKernels ScalarQ4KGroupKernels();
 KGroupKernels ScalarQ5KGroupKernels();

@@ -346,6 +346,7 @@ const IsaKernels& ScalarKernels() {
                                      AttendScalar<float>,
                                      AttendScalar<uint16_t>,
                                      ScalarQ4GroupKernels(),
+                                     ScalarQ2KGroupKernels(),
                                      ScalarQ3KGroupKernels(),
                                      ScalarQ4KGroupKernels(),
                                      ScalarQ5KGroupKernels(),

@@ -1,9 +1,9 @@
 // The scalar reference of the K-quants' row-group kernels (kernels_internal.h's layouts and
 // KGroupKernels): always compiled, what the SIMD versions (kquant_groups_simd.inc) are tested
 // against. Per row and super-block it computes what they compute per lane: the exact integer
-// sums (Q4_K, Q5_K: Σ sc·(q·x) and Σ m·Σx; Q6_K, Q3_K: Σ sc·(q·x - offset·Σx)), then one fused
-// multiply-add of each, times d·dx (and dmin·dx), into the row's float sums, so every ISA gives
-// the same bits.
+// sums (Q4_K, Q5_K, Q2_K: Σ sc·(q·x) and Σ m·Σx; Q6_K, Q3_K: Σ sc·(q·x - offset·Σx)), then one
+// fused multiply-add of each, times d·dx (and dmin·dx), into the row's float sums, so every ISA
+// gives the same bits.
 #include <cmath>
 #include <cstring>
 
@@ -93,6 +93,41 @@ float Q6GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x
   return sum;
 }
 
+// Q2_K: row i of the group at `group` against Q8_K blocks x.
+float Q2GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
+  float sum = 0.0f, mins = 0.0f;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = group + sb * kQ2KGroupSuperBytes;
+    const uint8_t* sc = rec + kQ2KGroupQuantBytes;
+    const uint8_t* d = sc + 16 * kRows;
+    const int8_t* xq = x[sb].qs;
+    int32_t dot = 0, min_dot = 0;
+    for (int h = 0; h < 2; ++h) {
+      int32_t part[8] = {0};  // the sub-blocks 8h .. 8h + 7
+      for (int k = 0; k < 8; ++k) {
+        const uint8_t* qs = rec + ((h * 8 + k) * kRows + i) * 4;
+        for (int b = 0; b < 4; ++b) {
+          for (int s = 0; s < 4; ++s) {
+            part[2 * s + k / 4] += ((qs[b] >> (2 * s)) & 3) * xq[128 * h + 32 * s + 4 * k + b];
+          }
+        }
+      }
+      for (int s = 0; s < 8; ++s) {
+        const int sub = 8 * h + s;
+        const uint8_t byte = sc[(sub / 2 * kRows + i) * 2 + sub % 2];
+        dot += part[s] * (byte & 0xF);
+        min_dot += (byte >> 4) * x[sb].bsums[sub];
+      }
+    }
+    uint16_t d_bits, dmin_bits;
+    std::memcpy(&d_bits, d + 2 * i, 2);
+    std::memcpy(&dmin_bits, d + 2 * (kRows + i), 2);
+    sum = std::fma(static_cast<float>(dot), HalfToFloat(d_bits) * x[sb].d, sum);
+    mins = std::fma(static_cast<float>(min_dot), HalfToFloat(dmin_bits) * x[sb].d, mins);
+  }
+  return sum - mins;
+}
+
 // Q3_K: row i of the group at `group` against Q8_K blocks x.
 float Q3GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
   constexpr int64_t kHm = 2 * 8 * kRows * 4;
@@ -146,6 +181,9 @@ void GemmScalar(int64_t n, const uint8_t* w, int rows, const uint8_t* act, size_
 
 }  // namespace
 
+KGroupKernels ScalarQ2KGroupKernels() {
+  return {MatVecScalar<Q2GroupRowDot>, GemmScalar<Q2GroupRowDot>};
+}
 KGroupKernels ScalarQ3KGroupKernels() {
   return {MatVecScalar<Q3GroupRowDot>, GemmScalar<Q3GroupRowDot>};
 }

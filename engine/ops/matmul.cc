@@ -129,6 +129,11 @@ GroupOps GroupOpsFor(const WeightView& w, Isa isa) {
     g.matvec = g.table->q4_groups.matvec;
   } else {
     switch (w.layout) {
+      case WeightLayout::kQ2_KGroups:
+        g.k_groups = &g.table->q2k_groups;
+        g.group_bytes = ops_internal::Q2KGroupBytes(w.cols);
+        g.unpack_row = UnpackQ2_KGroupRow;
+        break;
       case WeightLayout::kQ3_KGroups:
         g.k_groups = &g.table->q3k_groups;
         g.group_bytes = ops_internal::Q3KGroupBytes(w.cols);

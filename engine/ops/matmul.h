@@ -18,6 +18,7 @@ namespace thermocline {
 enum class WeightLayout : uint8_t {
   kRows,        // row r at data + r * row_bytes, as GGUF stores it
   kQ4_0Groups,  // Q4_0 rows in interleaved groups of 16 (weight_layout.h's PackQ4_0Groups)
+  kQ2_KGroups,  // Q2_K rows in interleaved groups of 16 (weight_layout.h's PackQ2_KGroups)
   kQ3_KGroups,  // Q3_K rows in interleaved groups of 16 (weight_layout.h's PackQ3_KGroups)
   kQ4_KGroups,  // Q4_K rows in interleaved groups of 16 (weight_layout.h's PackQ4_KGroups)
   kQ5_KGroups,  // Q5_K rows in interleaved groups of 16 (weight_layout.h's PackQ5_KGroups)

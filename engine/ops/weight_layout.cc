@@ -317,6 +317,51 @@ OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w) {
                     });
 }
 
+OwnedWeight PackQ2_KGroups(ThreadPool& pool, const WeightView& w) {
+  const int64_t nsb = w.cols / kQK_K;
+  return PackGroups(pool, w, WeightLayout::kQ2_KGroups, ops_internal::Q2KGroupBytes(w.cols),
+                    [&](uint8_t* group, int64_t i, const uint8_t* r) {
+                      const auto* row = reinterpret_cast<const BlockQ2_K*>(r);
+                      for (int64_t sb = 0; sb < nsb; ++sb) {
+                        uint8_t* rec = group + sb * ops_internal::kQ2KGroupSuperBytes;
+                        for (int h = 0; h < 2; ++h) {
+                          for (int k = 0; k < 8; ++k) {
+                            std::memcpy(rec + ((h * 8 + k) * kGroupRows + i) * 4,
+                                        row[sb].qs + 32 * h + 4 * k, 4);
+                          }
+                        }
+                        uint8_t* sc = rec + ops_internal::kQ2KGroupQuantBytes;
+                        for (int j = 0; j < 8; ++j) {
+                          std::memcpy(sc + (j * kGroupRows + i) * 2, row[sb].scales + 2 * j, 2);
+                        }
+                        auto* d = reinterpret_cast<uint16_t*>(sc + 16 * kGroupRows);
+                        d[i] = row[sb].d;
+                        d[kGroupRows + i] = row[sb].dmin;
+                      }
+                    });
+}
+
+void UnpackQ2_KGroupRow(const WeightView& w, int64_t r, void* row) {
+  const int64_t nsb = w.cols / kQK_K, i = r % kGroupRows;
+  const uint8_t* group = w.data + r / kGroupRows * ops_internal::Q2KGroupBytes(w.cols);
+  auto* out = static_cast<BlockQ2_K*>(row);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* rec = group + sb * ops_internal::kQ2KGroupSuperBytes;
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 8; ++k) {
+        std::memcpy(out[sb].qs + 32 * h + 4 * k, rec + ((h * 8 + k) * kGroupRows + i) * 4, 4);
+      }
+    }
+    const uint8_t* sc = rec + ops_internal::kQ2KGroupQuantBytes;
+    for (int j = 0; j < 8; ++j) {
+      std::memcpy(out[sb].scales + 2 * j, sc + (j * kGroupRows + i) * 2, 2);
+    }
+    const auto* d = reinterpret_cast<const uint16_t*>(sc + 16 * kGroupRows);
+    out[sb].d = d[i];
+    out[sb].dmin = d[kGroupRows + i];
+  }
+}
+
 OwnedWeight PackQ3_KGroups(ThreadPool& pool, const WeightView& w) {
   const int64_t nsb = w.cols / kQK_K;
   constexpr int64_t kHm = 2 * 8 * kGroupRows * 4;  // where the hmask words start
@@ -373,6 +418,8 @@ OwnedWeight PackRowGroups(ThreadPool& pool, const WeightView& w) {
   switch (w.type) {
     case GgmlType::kQ4_0:
       return PackQ4_0Groups(pool, w);
+    case GgmlType::kQ2_K:
+      return PackQ2_KGroups(pool, w);
     case GgmlType::kQ3_K:
       return PackQ3_KGroups(pool, w);
     case GgmlType::kQ4_K:

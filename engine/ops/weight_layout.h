@@ -1,8 +1,8 @@
 // Weight matrices built at load instead of mapped from the file: OwnedWeight (a matrix of any
 // type over its own storage, on huge pages where scattered rows cost no TLB miss each), the
 // transpose of a matrix (the sparse FFN's down_t, a rebuilt ffn_down), a permutation of its
-// rows, a matrix made from floats, and Q4_0, Q3_K, Q4_K, Q5_K and Q6_K re-laid in interleaved
-// groups of rows for decode.
+// rows, a matrix made from floats, and Q4_0 and the K-quants re-laid in interleaved groups of
+// rows for decode.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +59,11 @@ OwnedWeight PackQ4_0Groups(ThreadPool& pool, const WeightView& w);
 // Row r of a kQ4_0Groups matrix as GGUF stores it (cols / 32 blocks into `row`): for tests.
 void UnpackQ4_0GroupRow(const WeightView& w, int64_t r, void* row);
 
+// Q2_K rows in groups of 16 (WeightLayout::kQ2_KGroups; kernels_internal.h draws the bytes):
+// the rows' bytes rearranged, no more of them. w: a kRows Q2_K matrix. Parallel over the pool.
+OwnedWeight PackQ2_KGroups(ThreadPool& pool, const WeightView& w);
+// Row r of a kQ2_KGroups matrix as GGUF stores it: for tests and the prefill's gemm.
+void UnpackQ2_KGroupRow(const WeightView& w, int64_t r, void* row);
 // Q3_K rows in groups of 16 (WeightLayout::kQ3_KGroups; kernels_internal.h draws the bytes):
 // the rows' quant and hmask bytes rearranged, the scales unpacked to a byte each (5.5% more
 // bytes than the rows). w: a kRows Q3_K matrix. Parallel over the pool.
@@ -87,8 +92,8 @@ OwnedWeight PackQ6_KGroups(ThreadPool& pool, const WeightView& w);
 // Row r of a kQ6_KGroups matrix as GGUF stores it: for tests.
 void UnpackQ6_KGroupRow(const WeightView& w, int64_t r, void* row);
 
-// The row-group copy of a kRows matrix for its type: PackQ4_0Groups, PackQ3_KGroups,
-// PackQ4_KGroups, PackQ5_KGroups or PackQ6_KGroups; for any other type an OwnedWeight without data
+// The row-group copy of a kRows matrix for its type: PackQ4_0Groups or PackQ2_KGroups ...
+// PackQ6_KGroups; for any other type an OwnedWeight without data
 // (the type has no groups).
 OwnedWeight PackRowGroups(ThreadPool& pool, const WeightView& w);
 

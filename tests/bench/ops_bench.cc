@@ -207,7 +207,8 @@ void RegisterAll() {
       {GgmlType::kQ4_0, false}, {GgmlType::kQ4_0, true},  {GgmlType::kQ4_K, false},
       {GgmlType::kQ4_K, true},  {GgmlType::kQ6_K, true},  {GgmlType::kQ5_K, false},
       {GgmlType::kQ5_K, true},  {GgmlType::kQ3_K, false}, {GgmlType::kQ3_K, true},
-      {GgmlType::kF16, false},  {GgmlType::kQ8_0, false}};
+      {GgmlType::kQ2_K, false}, {GgmlType::kQ2_K, true},  {GgmlType::kF16, false},
+      {GgmlType::kQ8_0, false}};
   for (const auto& [type, groups] : matrices) {
     for (Isa isa : AvailableIsas()) {
       if (isa == Isa::kScalar) continue;

@@ -1,4 +1,4 @@
-// The K-quants in row groups (weight_layout.h's PackQ3_KGroups ... PackQ6_KGroups,
+// The K-quants in row groups (weight_layout.h's PackQ2_KGroups ... PackQ6_KGroups,
 // kernels_internal.h's KGroupKernels): the packing keeps every row's bytes (the
 // scales packed again and the re-encoded bits equal the file's); every ISA's
 // mat-vec and gemm give the scalar reference's bits (the same exact integer sums and the same
@@ -35,6 +35,8 @@ struct GroupType {
   ops_internal::KGroupKernels ops_internal::IsaKernels::*kernels;
 };
 const GroupType kTypes[] = {
+    {GgmlType::kQ2_K, WeightLayout::kQ2_KGroups, PackQ2_KGroups, UnpackQ2_KGroupRow,
+     ops_internal::Q2KGroupBytes, &ops_internal::IsaKernels::q2k_groups},
     {GgmlType::kQ3_K, WeightLayout::kQ3_KGroups, PackQ3_KGroups, UnpackQ3_KGroupRow,
      ops_internal::Q3KGroupBytes, &ops_internal::IsaKernels::q3k_groups},
     {GgmlType::kQ4_K, WeightLayout::kQ4_KGroups, PackQ4_KGroups, UnpackQ4_KGroupRow,

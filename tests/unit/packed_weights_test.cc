@@ -28,8 +28,8 @@ using testing::TestModelPath;
 constexpr double kNearTie = 0.4;
 
 bool Repacked(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ3_K || type == GgmlType::kQ4_K ||
-         type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ2_K || type == GgmlType::kQ3_K ||
+         type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
 }
 
 std::vector<const WeightView*> RepackedMatrices(const LlamaModel& model) {
@@ -49,7 +49,8 @@ bool Packed(const Engine& e, const WeightView& w) {
 
 TEST_CASE("the re-laid Q4_0 and K-quant engines give llama.cpp's greedy tokens",
           "[packed][kquants]") {
-  const std::string type = GENERATE(as<std::string>{}, "q4_0", "q4_k_m", "q5_k_m", "q3_k_m");
+  const std::string type =
+      GENERATE(as<std::string>{}, "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k");
   INFO("stories-wide." << type);
   const std::string file = TestModelPath("kquants/stories-wide." + type + ".gguf");
   if (!std::filesystem::exists(file)) THERMOCLINE_SKIP("kquants/ test models not found");
@@ -62,9 +63,8 @@ TEST_CASE("the re-laid Q4_0 and K-quant engines give llama.cpp's greedy tokens",
   CHECK((*rows_engine)->packed_weights() == nullptr);
   auto engine = Engine::Create(model, std::nullopt, EngineOptions{}, pool);
   REQUIRE(engine.ok());
-  const Engine& e = **engine;
-
-  // Every Q4_0, Q3_K, Q4_K, Q5_K and Q6_K matrix of the dense path is re-laid, its bytes those of
+  const Engine& e =
+      **engine;  // Every Q4_0 and K-quant matrix of the dense path is re-laid, its bytes those of
   // the file's rows, which still read as they did (their pages were released and fault in again
   // from the file).
   const std::vector<const WeightView*> q4 = RepackedMatrices(model);
@@ -76,6 +76,7 @@ TEST_CASE("the re-laid Q4_0 and K-quant engines give llama.cpp's greedy tokens",
   for (const WeightView* w : q4) {
     const WeightView& p = packed.Resolve(*w);
     const WeightLayout want_layout = w->type == GgmlType::kQ4_0   ? WeightLayout::kQ4_0Groups
+                                     : w->type == GgmlType::kQ2_K ? WeightLayout::kQ2_KGroups
                                      : w->type == GgmlType::kQ3_K ? WeightLayout::kQ3_KGroups
                                      : w->type == GgmlType::kQ4_K ? WeightLayout::kQ4_KGroups
                                      : w->type == GgmlType::kQ5_K ? WeightLayout::kQ5_KGroups
@@ -86,6 +87,8 @@ TEST_CASE("the re-laid Q4_0 and K-quant engines give llama.cpp's greedy tokens",
     for (int64_t r : {int64_t{0}, w->rows / 2, w->rows - 1}) {
       if (p.layout == WeightLayout::kQ4_0Groups) {
         UnpackQ4_0GroupRow(p, r, row.data());
+      } else if (p.layout == WeightLayout::kQ2_KGroups) {
+        UnpackQ2_KGroupRow(p, r, row.data());
       } else if (p.layout == WeightLayout::kQ3_KGroups) {
         UnpackQ3_KGroupRow(p, r, row.data());
       } else if (p.layout == WeightLayout::kQ4_KGroups) {
