@@ -58,24 +58,66 @@ float KGroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x)
   return sum - mins;
 }
 
-// Q6_K: row i of the group at `group` against Q8_K blocks x.
-float Q6GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
-  float sum = 0.0f;
+// Q6_K, Q2_K and Q3_K: 16 sub-blocks of 16 in 4 streams per half, as the SIMD codecs read them.
+// Weights(rec, h, k, i, b, v): the 4 streams' weights of byte b of chunk k of half h, row i.
+struct Q6Ref {
+  static constexpr int64_t kRecord = kQ6KGroupSuperBytes, kQuant = kQ6KGroupQuantBytes;
+  static constexpr int kOffset = 32;
+  static constexpr bool kMins = false;
+  static void Weights(const uint8_t* rec, int h, int k, int i, int b, int v[4]) {
+    const uint8_t* q = rec + (h * 8 + k) * 3 * kRows * 4;
+    const uint8_t bytes[3] = {q[i * 4 + b], q[(kRows + i) * 4 + b], q[(2 * kRows + i) * 4 + b]};
+    Q6GroupDecode(bytes, v);
+  }
+  static int Scale(const uint8_t* sc, int sub, int i) {
+    return static_cast<int8_t>(sc[sub * kRows + i]);
+  }
+  static int Min(const uint8_t*, int, int) { return 0; }
+};
+struct Q3Ref {
+  static constexpr int64_t kRecord = kQ3KGroupSuperBytes, kQuant = kQ3KGroupQuantBytes;
+  static constexpr int kOffset = 4;
+  static constexpr bool kMins = false;
+  static void Weights(const uint8_t* rec, int h, int k, int i, int b, int v[4]) {
+    const uint8_t qs = rec[((h * 8 + k) * kRows + i) * 4 + b];
+    const uint8_t hm = rec[2 * 8 * kRows * 4 + (k * kRows + i) * 4 + b];
+    for (int s = 0; s < 4; ++s) v[s] = ((qs >> (2 * s)) & 3) | ((hm >> (4 * h + s)) & 1) << 2;
+  }
+  static int Scale(const uint8_t* sc, int sub, int i) { return sc[sub * kRows + i] - 32; }
+  static int Min(const uint8_t*, int, int) { return 0; }
+};
+struct Q2Ref {
+  static constexpr int64_t kRecord = kQ2KGroupSuperBytes, kQuant = kQ2KGroupQuantBytes;
+  static constexpr int kOffset = 0;
+  static constexpr bool kMins = true;
+  static void Weights(const uint8_t* rec, int h, int k, int i, int b, int v[4]) {
+    const uint8_t qs = rec[((h * 8 + k) * kRows + i) * 4 + b];
+    for (int s = 0; s < 4; ++s) v[s] = (qs >> (2 * s)) & 3;
+  }
+  static int Scale(const uint8_t* sc, int sub, int i) {
+    return sc[(sub / 2 * kRows + i) * 2 + sub % 2] & 0xF;
+  }
+  static int Min(const uint8_t* sc, int sub, int i) {
+    return sc[(sub / 2 * kRows + i) * 2 + sub % 2] >> 4;
+  }
+};
+
+// Row i of the group at `group` against Q8_K blocks x.
+template <class Ref>
+float Sub16GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
+  float sum = 0.0f, mins = 0.0f;
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* rec = group + sb * kQ6KGroupSuperBytes;
-    const auto* sc = reinterpret_cast<const int8_t*>(rec + kQ6KGroupQuantBytes);
-    const uint8_t* d = rec + kQ6KGroupQuantBytes + 16 * kRows;
+    const uint8_t* rec = group + sb * Ref::kRecord;
+    const uint8_t* sc = rec + Ref::kQuant;
+    const uint8_t* d = sc + 16 * kRows;
     const int8_t* xq = x[sb].qs;
-    int32_t dot = 0;
+    int32_t dot = 0, min_dot = 0;
     for (int h = 0; h < 2; ++h) {
       int32_t part[8] = {0};  // the sub-blocks 8h .. 8h + 7
       for (int k = 0; k < 8; ++k) {
-        const uint8_t* q = rec + (h * 8 + k) * 3 * kRows * 4;
         for (int b = 0; b < 4; ++b) {
-          const uint8_t bytes[3] = {q[i * 4 + b], q[(kRows + i) * 4 + b],
-                                    q[(2 * kRows + i) * 4 + b]};
           int v[4];
-          Q6GroupDecode(bytes, v);
+          Ref::Weights(rec, h, k, i, b, v);
           for (int s = 0; s < 4; ++s) {
             part[2 * s + k / 4] += v[s] * xq[128 * h + 32 * s + 4 * k + b];
           }
@@ -83,82 +125,20 @@ float Q6GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x
       }
       for (int s = 0; s < 8; ++s) {
         const int sub = 8 * h + s;
-        dot += (part[s] - 32 * x[sb].bsums[sub]) * sc[sub * kRows + i];
+        dot += (part[s] - Ref::kOffset * x[sb].bsums[sub]) * Ref::Scale(sc, sub, i);
+        min_dot += Ref::Min(sc, sub, i) * x[sb].bsums[sub];
       }
     }
     uint16_t d_bits;
     std::memcpy(&d_bits, d + 2 * i, 2);
     sum = std::fma(static_cast<float>(dot), HalfToFloat(d_bits) * x[sb].d, sum);
-  }
-  return sum;
-}
-
-// Q2_K: row i of the group at `group` against Q8_K blocks x.
-float Q2GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
-  float sum = 0.0f, mins = 0.0f;
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* rec = group + sb * kQ2KGroupSuperBytes;
-    const uint8_t* sc = rec + kQ2KGroupQuantBytes;
-    const uint8_t* d = sc + 16 * kRows;
-    const int8_t* xq = x[sb].qs;
-    int32_t dot = 0, min_dot = 0;
-    for (int h = 0; h < 2; ++h) {
-      int32_t part[8] = {0};  // the sub-blocks 8h .. 8h + 7
-      for (int k = 0; k < 8; ++k) {
-        const uint8_t* qs = rec + ((h * 8 + k) * kRows + i) * 4;
-        for (int b = 0; b < 4; ++b) {
-          for (int s = 0; s < 4; ++s) {
-            part[2 * s + k / 4] += ((qs[b] >> (2 * s)) & 3) * xq[128 * h + 32 * s + 4 * k + b];
-          }
-        }
-      }
-      for (int s = 0; s < 8; ++s) {
-        const int sub = 8 * h + s;
-        const uint8_t byte = sc[(sub / 2 * kRows + i) * 2 + sub % 2];
-        dot += part[s] * (byte & 0xF);
-        min_dot += (byte >> 4) * x[sb].bsums[sub];
-      }
+    if constexpr (Ref::kMins) {
+      uint16_t dmin_bits;
+      std::memcpy(&dmin_bits, d + 2 * (kRows + i), 2);
+      mins = std::fma(static_cast<float>(min_dot), HalfToFloat(dmin_bits) * x[sb].d, mins);
     }
-    uint16_t d_bits, dmin_bits;
-    std::memcpy(&d_bits, d + 2 * i, 2);
-    std::memcpy(&dmin_bits, d + 2 * (kRows + i), 2);
-    sum = std::fma(static_cast<float>(dot), HalfToFloat(d_bits) * x[sb].d, sum);
-    mins = std::fma(static_cast<float>(min_dot), HalfToFloat(dmin_bits) * x[sb].d, mins);
   }
-  return sum - mins;
-}
-
-// Q3_K: row i of the group at `group` against Q8_K blocks x.
-float Q3GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
-  constexpr int64_t kHm = 2 * 8 * kRows * 4;
-  float sum = 0.0f;
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* rec = group + sb * kQ3KGroupSuperBytes;
-    const uint8_t* sc = rec + kQ3KGroupQuantBytes;
-    const uint8_t* d = rec + kQ3KGroupQuantBytes + 16 * kRows;
-    const int8_t* xq = x[sb].qs;
-    int32_t dot = 0;
-    for (int h = 0; h < 2; ++h) {
-      int32_t part[8] = {0};  // the sub-blocks 8h .. 8h + 7
-      for (int k = 0; k < 8; ++k) {
-        const uint8_t* qs = rec + ((h * 8 + k) * kRows + i) * 4;
-        const uint8_t* hm = rec + kHm + (k * kRows + i) * 4;
-        for (int b = 0; b < 4; ++b) {
-          for (int s = 0; s < 4; ++s) {
-            const int q = ((qs[b] >> (2 * s)) & 3) | ((hm[b] >> (4 * h + s)) & 1) << 2;
-            part[2 * s + k / 4] += q * xq[128 * h + 32 * s + 4 * k + b];
-          }
-        }
-      }
-      for (int s = 0; s < 8; ++s) {
-        const int sub = 8 * h + s;
-        dot += (part[s] - 4 * x[sb].bsums[sub]) * (sc[sub * kRows + i] - 32);
-      }
-    }
-    uint16_t d_bits;
-    std::memcpy(&d_bits, d + 2 * i, 2);
-    sum = std::fma(static_cast<float>(dot), HalfToFloat(d_bits) * x[sb].d, sum);
-  }
+  if constexpr (Ref::kMins) return sum - mins;
   return sum;
 }
 
@@ -182,10 +162,10 @@ void GemmScalar(int64_t n, const uint8_t* w, int rows, const uint8_t* act, size_
 }  // namespace
 
 KGroupKernels ScalarQ2KGroupKernels() {
-  return {MatVecScalar<Q2GroupRowDot>, GemmScalar<Q2GroupRowDot>};
+  return {MatVecScalar<Sub16GroupRowDot<Q2Ref>>, GemmScalar<Sub16GroupRowDot<Q2Ref>>};
 }
 KGroupKernels ScalarQ3KGroupKernels() {
-  return {MatVecScalar<Q3GroupRowDot>, GemmScalar<Q3GroupRowDot>};
+  return {MatVecScalar<Sub16GroupRowDot<Q3Ref>>, GemmScalar<Sub16GroupRowDot<Q3Ref>>};
 }
 KGroupKernels ScalarQ4KGroupKernels() {
   return {MatVecScalar<KGroupRowDot<false>>, GemmScalar<KGroupRowDot<false>>};
@@ -194,7 +174,7 @@ KGroupKernels ScalarQ5KGroupKernels() {
   return {MatVecScalar<KGroupRowDot<true>>, GemmScalar<KGroupRowDot<true>>};
 }
 KGroupKernels ScalarQ6KGroupKernels() {
-  return {MatVecScalar<Q6GroupRowDot>, GemmScalar<Q6GroupRowDot>};
+  return {MatVecScalar<Sub16GroupRowDot<Q6Ref>>, GemmScalar<Sub16GroupRowDot<Q6Ref>>};
 }
 
 }  // namespace thermocline::ops_internal

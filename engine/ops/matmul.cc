@@ -118,6 +118,32 @@ struct GroupOps {
   }
 };
 
+// The K-quants' row-group layouts: their kernels, group size and copy back to the file's rows.
+struct KGroupLayout {
+  WeightLayout layout;
+  ops_internal::KGroupKernels ops_internal::IsaKernels::*kernels;
+  size_t (*group_bytes)(int64_t n);
+  void (*unpack_row)(const WeightView&, int64_t, void*);
+};
+constexpr KGroupLayout kKGroupLayouts[] = {
+    {WeightLayout::kQ2_KGroups, &ops_internal::IsaKernels::q2k_groups, ops_internal::Q2KGroupBytes,
+     UnpackQ2_KGroupRow},
+    {WeightLayout::kQ3_KGroups, &ops_internal::IsaKernels::q3k_groups, ops_internal::Q3KGroupBytes,
+     UnpackQ3_KGroupRow},
+    {WeightLayout::kQ4_KGroups, &ops_internal::IsaKernels::q4k_groups, ops_internal::Q4KGroupBytes,
+     UnpackQ4_KGroupRow},
+    {WeightLayout::kQ5_KGroups, &ops_internal::IsaKernels::q5k_groups, ops_internal::Q5KGroupBytes,
+     UnpackQ5_KGroupRow},
+    {WeightLayout::kQ6_KGroups, &ops_internal::IsaKernels::q6k_groups, ops_internal::Q6KGroupBytes,
+     UnpackQ6_KGroupRow},
+};
+const KGroupLayout* FindKGroupLayout(WeightLayout layout) {
+  for (const KGroupLayout& k : kKGroupLayouts) {
+    if (k.layout == layout) return &k;
+  }
+  return nullptr;
+}
+
 GroupOps GroupOpsFor(const WeightView& w, Isa isa) {
   GroupOps g;
   g.table = &ops_internal::TableOf(isa);
@@ -128,35 +154,11 @@ GroupOps GroupOpsFor(const WeightView& w, Isa isa) {
     g.act_bytes = static_cast<size_t>(TileRowBytes(w.cols));
     g.matvec = g.table->q4_groups.matvec;
   } else {
-    switch (w.layout) {
-      case WeightLayout::kQ2_KGroups:
-        g.k_groups = &g.table->q2k_groups;
-        g.group_bytes = ops_internal::Q2KGroupBytes(w.cols);
-        g.unpack_row = UnpackQ2_KGroupRow;
-        break;
-      case WeightLayout::kQ3_KGroups:
-        g.k_groups = &g.table->q3k_groups;
-        g.group_bytes = ops_internal::Q3KGroupBytes(w.cols);
-        g.unpack_row = UnpackQ3_KGroupRow;
-        break;
-      case WeightLayout::kQ4_KGroups:
-        g.k_groups = &g.table->q4k_groups;
-        g.group_bytes = ops_internal::Q4KGroupBytes(w.cols);
-        g.unpack_row = UnpackQ4_KGroupRow;
-        break;
-      case WeightLayout::kQ5_KGroups:
-        g.k_groups = &g.table->q5k_groups;
-        g.group_bytes = ops_internal::Q5KGroupBytes(w.cols);
-        g.unpack_row = UnpackQ5_KGroupRow;
-        break;
-      case WeightLayout::kQ6_KGroups:
-        g.k_groups = &g.table->q6k_groups;
-        g.group_bytes = ops_internal::Q6KGroupBytes(w.cols);
-        g.unpack_row = UnpackQ6_KGroupRow;
-        break;
-      default:
-        Fatal("not a row-group layout", w);
-    }
+    const KGroupLayout* k = FindKGroupLayout(w.layout);
+    if (k == nullptr) Fatal("not a row-group layout", w);
+    g.k_groups = &(g.table->*k->kernels);
+    g.group_bytes = k->group_bytes(w.cols);
+    g.unpack_row = k->unpack_row;
     g.act_bytes = RowBytes(GgmlType::kQ8_K, w.cols);
     g.matvec = g.k_groups->matvec;
   }
