@@ -297,8 +297,14 @@ class CpuFfnExecutor : public gpu::GpuFfnExecutor {
   void DevicePart(int layer, const float* xn, int64_t n) {
     const gpu::GpuFfnLayerSpec& s = spec_.layers[layer];
     predicted_ = n;
-    SparseMatVecReference(s.gate, xn, idx_.data(), n, gate_.data());
-    SparseMatVecReference(s.up, xn, idx_.data(), n, up_.data());
+    // Gate and up as the host's row dots compute them (xn quantized to the types' activation
+    // format, as the CUDA kernels do too), so that a split changes no rounding: with float
+    // dots a near-tie can part (a) from (c) in `bench --gpu-compare`.
+    for (auto [w, y] : {std::pair{&s.gate, gate_.data()}, std::pair{&s.up, up_.data()}}) {
+      prepared_.resize(PreparedBytes(w->type, w->cols));
+      PrepareActivations(w->type, Isa::kScalar, xn, w->cols, prepared_.data());
+      SparseRowDots(Isa::kScalar, *w, prepared_.data(), idx_.data(), n, y);
+    }
     GatedActivation(spec_.activation, gate_.data(), up_.data(), n);
     int64_t m = 0;
     for (int64_t j = 0; j < n; ++j) {
@@ -318,6 +324,7 @@ class CpuFfnExecutor : public gpu::GpuFfnExecutor {
   std::vector<Layer> layers_;
   std::vector<int32_t> idx_, host_idx_;
   std::vector<float> gate_, up_, logits_, out_, xn_, partial_;
+  std::vector<uint8_t> prepared_;  // xn for the row dots
   int64_t n_host_ = 0;
   int64_t predicted_ = 0, fired_ = 0;
   bool waiting_ = false;

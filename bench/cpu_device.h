@@ -2,7 +2,7 @@
 // plan, its one memory budget and the hybrid split and merge run on any machine. Its whole
 // layers compute attention, the dense FFN (or the host FFN of a hybrid layer) and the head with
 // the CPU's operators and a KV cache of their own; its FFN executor computes the device part of
-// a hybrid layer with the scalar sparse references, in both modes (the resident one: only the
+// a hybrid layer with the scalar row dots and the axpy reference, in both modes (the resident one: only the
 // host's partial sum crosses back). Both reserve in the spec's budget the bytes
 // the CUDA backend would (gpu::ComputeGpuLayersMemory, the device rows), so a cap refuses here
 // what it refuses on a GPU. Test and benchmark use only: it is slow and allocates per call.

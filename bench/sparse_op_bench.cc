@@ -55,7 +55,7 @@ OwnedWeight RandomWeight(ThreadPool& pool, GgmlType type, int64_t rows, int64_t 
     for (int64_t r = begin; r < end; ++r) {
       Rng rng(seed * 0x100000001B3ull + r);
       for (int64_t i = 0; i < cols; ++i) t[i] = rng.Uniform();
-      k->from_float(t, w.data.data() + r * w.view.row_bytes, cols);
+      QuantizeWeights(*k, t, w.data.data() + r * w.view.row_bytes, cols);
     }
   });
   return w;

@@ -50,7 +50,7 @@ std::vector<uint8_t> RandomMatrix(int64_t rows, int64_t cols, GgmlType type, uin
       SplitMix rng{seed * 0x100000001b3ull + static_cast<uint64_t>(r)};
       for (int64_t c = 0; c < cols; ++c) buf[c] = rng.Uniform() * amplitude;
       if (edit) edit(r, buf);
-      k->from_float(buf, out.data() + r * row_bytes, cols);
+      QuantizeWeights(*k, buf, out.data() + r * row_bytes, cols);
     }
   });
   return out;

@@ -116,10 +116,11 @@ __global__ void QuantizeQ8_0Kernel(const float* x, int64_t n_blocks, uint8_t* ds
   const float v = x[b * 32 + lane];
   float amax = fabsf(v);
   for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  // As the CPU's activations (kernels.h's from_float): 127 / amax, ties to even.
   const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
   uint8_t* out = dst + b * 34;
-  out[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(roundf(v * id)));
+  out[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(rintf(v * id)));
   if (lane == 0) {
     *reinterpret_cast<unsigned short*>(out) = __half_as_ushort(__float2half_rn(d));
   }

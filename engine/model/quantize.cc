@@ -98,7 +98,7 @@ absl::StatusOr<QuantizeStats> QuantizeModel(const std::string& in_path, const st
       float* buf = tmp[thread].data();
       for (int64_t r = begin; r < end; ++r) {
         src->to_float(t.data + r * src_row, buf, cols);
-        dst->from_float(buf, out.data() + r * dst_row, cols);
+        QuantizeWeights(*dst, buf, out.data() + r * dst_row, cols);
       }
     });
     stats.bytes_out += out.size();

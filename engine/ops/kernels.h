@@ -27,7 +27,11 @@ struct TypeKernels {
   GgmlType vec_dot_type;
   // dst[0..n) = dequantized src. n a multiple of the block size.
   void (*to_float)(const void* src, float* dst, int64_t n);
-  // Quantizes/rounds n floats into this type (round-to-nearest as ggml's reference does).
+  // Converts n floats into this type as ggml's CPU from_float does: how activations become the
+  // vec_dot_type of a dot. For Q8_0 and Q8_1 that is ggml's x86 quantizer (x · (127 / amax),
+  // ties to even), which every llama.cpp build on a PC computes with; it differs from the
+  // reference quantizer of weights below in the last rounding, enough to move an activation
+  // across a step now and then. Every other type rounds as ggml's reference does.
   void (*from_float)(const float* src, void* dst, int64_t n);
   // Dot product of a weight row w (this type) with x (vec_dot_type), n elements.
   float (*vec_dot)(int64_t n, const void* w, const void* x);
@@ -35,7 +39,16 @@ struct TypeKernels {
   // out[j] = dot(w, x + j * x_stride). Reuses the unpacked weights across the k rows; k <= 8.
   void (*vec_dot_multi)(int64_t n, const void* w, const void* x, int64_t x_stride, int k,
                         float* out);
+  // Quantizes n floats into weights of this type bit for bit as ggml's reference quantizer
+  // (llama-quantize) does, for files and load-time copies; nullptr where from_float is that
+  // quantizer (every type but Q8_0). Call it through QuantizeWeights.
+  void (*from_float_ref)(const float* src, void* dst, int64_t n) = nullptr;
 };
+
+// n floats into weights of the type whose kernels `k` are, as llama-quantize rounds them.
+inline void QuantizeWeights(const TypeKernels& k, const float* src, void* dst, int64_t n) {
+  (k.from_float_ref != nullptr ? k.from_float_ref : k.from_float)(src, dst, n);
+}
 
 // The kernels of `type` for the best ISA; nullptr when the type is not computable.
 const TypeKernels* KernelsFor(GgmlType type);

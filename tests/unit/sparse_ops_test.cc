@@ -42,8 +42,8 @@ OwnedWeight RandomWeight(GgmlType type, int64_t rows, int64_t cols, uint32_t see
   for (float& f : v) f = dist(rng);
   OwnedWeight w = OwnedWeight::Allocate(type, rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
-    KernelsFor(type, Isa::kScalar)
-        ->from_float(v.data() + r * cols, w.data.data() + r * w.view.row_bytes, cols);
+    QuantizeWeights(*KernelsFor(type, Isa::kScalar), v.data() + r * cols,
+                    w.data.data() + r * w.view.row_bytes, cols);
   }
   return w;
 }
@@ -252,8 +252,8 @@ std::vector<uint8_t> TransposedReference(const WeightView& down, const std::vect
   std::vector<float> column(down.rows);
   for (int64_t k = 0; k < down.cols; ++k) {
     for (int64_t r = 0; r < down.rows; ++r) column[r] = df[r * down.cols + order[k]];
-    KernelsFor(type, Isa::kScalar)
-        ->from_float(column.data(), out.data() + k * row_bytes, down.rows);
+    QuantizeWeights(*KernelsFor(type, Isa::kScalar), column.data(), out.data() + k * row_bytes,
+                    down.rows);
   }
   return out;
 }
