@@ -119,6 +119,7 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
     for (const RankTrial& t : lp.trials) {
       trials.push_back({{"rank", t.rank},
                         {"recall", t.test.recall},
+                        {"contribution", t.test.contribution},
                         {"precision", t.test.precision},
                         {"predicted_active", t.test.predicted_active},
                         {"recall_at_zero", t.recall_at_zero},
@@ -134,6 +135,7 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
                       {"rank", y.predictor.rank},
                       {"start_rank", lp.start_rank},
                       {"recall", y.recall},
+                      {"contribution", lp.trained.test.contribution},
                       {"precision", y.precision},
                       {"predicted_active", y.predicted_active},
                       {"threshold", y.predictor.threshold},
@@ -152,6 +154,7 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
           {"tokens", r.source.tokens},
           {"samples", r.profiler->num_samples()},
           {"target_recall", r.sidecar.target_recall},
+          {"target_contribution", r.predictors.target_contribution},
           {"layers", layers},
           {"totals",
            {{"sparsity", sparsity / n},
@@ -161,6 +164,9 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
             {"predictor_budget_bytes", r.predictors.budget_bytes},
             {"predictor_fraction_of_ffn", static_cast<double>(r.predictors.total_bytes) /
                                               std::max<uint64_t>(1, r.predictors.ffn_bytes)},
+            {"model_bytes", r.predictors.model_bytes},
+            {"predictor_fraction_of_model", static_cast<double>(r.predictors.total_bytes) /
+                                                std::max<uint64_t>(1, r.predictors.model_bytes)},
             {"profile_seconds", r.profile_seconds},
             {"train_seconds", r.train_seconds}}}};
 }

@@ -22,7 +22,10 @@ constexpr char kUsage[] =
   --report FILE             REPORT.json: per-layer sparsity, skew80, rank, recall, precision
   --plots DIR               SVG figures: firing frequency (log-log), recall vs rank
   --recall R                held-out recall target of every predictor (default 0.99)
-  --budget F                predictors <= F x FFN weight bytes (default 0.10)
+  --contribution C          and of the firings' contribution |act|·|down column| (default:
+                            0.998 for FFN weights under 3 bits (Q2_K), else 1, count recall
+                            alone; docs/offline.md)
+  --budget F                predictors <= F x the model's weight bytes (default 0.10)
   --samples N               (x, mask) samples kept per layer (default 4096)
   --epochs N                training epochs per rank tried (default 12)
   --chunk N                 tokens per profiled sequence (default 256, capped at the context)
@@ -39,8 +42,8 @@ int RunProfile(int argc, char** argv) {
   auto args =
       Args::Parse(argc, argv,
                   {"--model", "--corpus", "--tokens", "--output", "--report", "--plots", "--recall",
-                   "--budget", "--samples", "--epochs", "--chunk", "--target-sparsity", "--seed",
-                   "--threads", "--activation"},
+                   "--contribution", "--budget", "--samples", "--epochs", "--chunk",
+                   "--target-sparsity", "--seed", "--threads", "--activation"},
                   {"--self-generate", "--quiet", "--help"},
                   {{"-m", "--model"}, {"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("profile", args.status(), true);
@@ -63,20 +66,22 @@ int RunProfile(int argc, char** argv) {
   auto chunk = args->GetInt("--chunk", o.run.chunk);
   auto seed = args->GetInt("--seed", 1);
   auto recall = args->GetDouble("--recall", o.predictors.train.target_recall);
+  auto contribution = args->GetDouble("--contribution", o.predictors.train.target_contribution);
   auto budget = args->GetDouble("--budget", o.predictors.budget_fraction);
   auto target = args->GetDouble("--target-sparsity", o.profiler.target_sparsity);
   for (auto* v : {&tokens, &samples, &epochs, &chunk, &seed}) {
     if (!v->ok()) return Fail("profile", v->status(), true);
   }
-  for (auto* v : {&recall, &budget, &target}) {
+  for (auto* v : {&recall, &contribution, &budget, &target}) {
     if (!v->ok()) return Fail("profile", v->status(), true);
   }
-  if (*recall <= 0 || *recall >= 1 || *budget <= 0 || *target < 0 || *target >= 1 || *tokens <= 0 ||
-      *samples < 16 || *epochs < 1) {
+  if (*recall <= 0 || *recall >= 1 || *contribution <= 0 || *contribution > 1 || *budget <= 0 ||
+      *target < 0 || *target >= 1 || *tokens <= 0 || *samples < 16 || *epochs < 1) {
     return Fail("profile",
-                absl::InvalidArgumentError("--recall and --target-sparsity must be in (0, 1), "
-                                           "--budget > 0, --tokens > 0, --samples >= 16, "
-                                           "--epochs >= 1"),
+                absl::InvalidArgumentError(
+                    "--recall and --target-sparsity must be in (0, 1), "
+                    "--contribution in (0, 1], --budget > 0, --tokens > 0, --samples >= 16, "
+                    "--epochs >= 1"),
                 true);
   }
   o.run.tokens = *tokens;
@@ -87,6 +92,10 @@ int RunProfile(int argc, char** argv) {
   o.profiler.seed = static_cast<uint64_t>(*seed) * 7919;
   o.predictors.train.epochs = static_cast<int>(*epochs);
   o.predictors.train.target_recall = *recall;
+  if (args->Get("--contribution")) {
+    o.predictors.train.target_contribution = *contribution;
+    o.predictors.auto_contribution = false;
+  }
   o.predictors.train.seed = static_cast<uint64_t>(*seed);
   o.predictors.budget_fraction = *budget;
 
@@ -128,21 +137,23 @@ int RunProfile(int argc, char** argv) {
                 static_cast<long long>(result->sidecar.n_expert_used), out.c_str());
     return 0;
   }
-  std::printf("%5s %9s %7s %5s %7s %9s %10s\n", "layer", "sparsity", "skew80", "rank", "recall",
-              "precision", "pred KiB");
+  const bool show_contribution = report["target_contribution"].get<double>() < 1;
+  std::printf("%5s %9s %7s %5s %7s%s %9s %10s\n", "layer", "sparsity", "skew80", "rank", "recall",
+              show_contribution ? " contrib" : "", "precision", "pred KiB");
   for (const auto& l : report["layers"]) {
-    std::printf("%5d %9.3f %7.3f %5d %7.4f %9.3f %10.1f\n", l["layer"].get<int>(),
-                l["sparsity"].get<double>(), l["skew80"].get<double>(), l["rank"].get<int>(),
-                l["recall"].get<double>(), l["precision"].get<double>(),
+    std::printf("%5d %9.3f %7.3f %5d %7.4f", l["layer"].get<int>(), l["sparsity"].get<double>(),
+                l["skew80"].get<double>(), l["rank"].get<int>(), l["recall"].get<double>());
+    if (show_contribution) std::printf(" %7.4f", l["contribution"].get<double>());
+    std::printf(" %9.3f %10.1f\n", l["precision"].get<double>(),
                 l["predictor_bytes"].get<double>() / 1024);
   }
   const auto& t = report["totals"];
   std::printf(
       "%lld tokens profiled in %.1f s, predictors trained in %.1f s: %.1f KiB "
-      "(%.1f%% of FFN weights); sidecar %s\n",
+      "(%.1f%% of the model's weights); sidecar %s\n",
       static_cast<long long>(result->source.tokens), result->profile_seconds, result->train_seconds,
-      t["predictor_bytes"].get<double>() / 1024, 100 * t["predictor_fraction_of_ffn"].get<double>(),
-      out.c_str());
+      t["predictor_bytes"].get<double>() / 1024,
+      100 * t["predictor_fraction_of_model"].get<double>(), out.c_str());
   return 0;
 }
 

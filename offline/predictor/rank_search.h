@@ -5,7 +5,8 @@
 // held-out threshold; the cost that ranks compete on is
 //   predictor bytes + predicted active fraction × the layer's FFN bytes,
 // the bytes a sparse FFN step reads. The ranks of all layers fit within budget_fraction of the
-// model's FFN weight bytes.
+// model's weight bytes (the matrices a dense decode step reads: DESIGN's "under ~10% of the
+// model").
 #pragma once
 
 #include <cstdint>
@@ -22,10 +23,18 @@ namespace thermocline::offline {
 
 struct PredictorTrainingOptions {
   TrainOptions train;
-  double budget_fraction = 0.10;  // all predictors <= this × all FFN weight bytes
+  double budget_fraction = 0.10;  // all predictors <= this × the model's weight bytes
   double tie_tolerance = 0.02;    // a smaller rank wins when its cost is within this
   int max_trials_per_layer = 4;
+  // train.target_contribution chosen by the model: kLowBitContribution where its FFN weights
+  // take under kLowBits bits each (Q2_K files), else train's as given. False: train's always.
+  bool auto_contribution = true;
 };
+
+// 2-bit FFN weights leave a model sensitive to the few firings that add the most (trainer.h's
+// target_contribution); the contribution target such a model gets by default.
+inline constexpr double kLowBits = 3.0;
+inline constexpr double kLowBitContribution = 0.998;
 
 struct RankTrial {
   int64_t rank = 0;
@@ -46,7 +55,9 @@ struct LayerPredictor {
 struct PredictorSet {
   std::vector<LayerPredictor> layers;
   uint64_t total_bytes = 0;
-  uint64_t budget_bytes = 0;
+  uint64_t budget_bytes = 0;       // budget_fraction of model_bytes
+  uint64_t model_bytes = 0;        // LlamaModel::weight_bytes()
+  double target_contribution = 1;  // TrainOptions::target_contribution (1: not measured)
   uint64_t ffn_bytes = 0;
   double seconds = 0;
 };

@@ -80,27 +80,84 @@ void ForEachLogitRow(ThreadPool& pool, const Predictor& p, const LayerDataset& d
   }
 }
 
-// The threshold at which a fraction `recall` of the split's firings is predicted.
+// The threshold at which a fraction `recall` of the split's firings is predicted, and (with
+// contributions) a fraction `contribution` of what they add to the output: the lower of the two.
 float ChooseThreshold(ThreadPool& pool, const Predictor& p, const LayerDataset& data,
-                      LayerDataset::Split split, double recall) {
-  std::vector<float> positives;
+                      LayerDataset::Split split, double recall, double contribution) {
+  struct Positive {
+    float z, weight;
+  };
+  std::vector<Positive> positives;
+  const std::vector<float>& weights = data.contribution[split];
   float max_logit = -INFINITY;
+  double total = 0;
   ForEachLogitRow(pool, p, data, split, [&](int64_t row, const float* z) {
     for (int64_t i = 0; i < p.n_ff; ++i) {
       max_logit = std::max(max_logit, z[i]);
-      if (data.fired(split, row, i)) positives.push_back(z[i]);
+      if (data.fired(split, row, i)) {
+        const float w = weights.empty() ? 1.0f : weights[row * p.n_ff + i];
+        positives.push_back({z[i], w});
+        total += w;
+      }
     }
   });
   if (positives.empty()) return std::isfinite(max_logit) ? max_logit + 1.0f : 0.0f;
-  std::sort(positives.begin(), positives.end());
-  const size_t missable =
+  std::sort(positives.begin(), positives.end(),
+            [](const Positive& a, const Positive& b) { return a.z < b.z; });
+  // The lowest logits may be missed while both shares stay kept.
+  size_t missable =
       static_cast<size_t>(std::floor(static_cast<double>(positives.size()) * (1.0 - recall)));
-  if (missable == 0) return std::nextafter(positives[0], -INFINITY) - 1e-3f;
-  const float lo = positives[missable - 1], hi = positives[missable];
+  if (!weights.empty() && contribution < 1) {
+    const double allowed = total * (1.0 - contribution);
+    double missed = 0;
+    size_t k = 0;
+    while (k < missable && missed + positives[k].weight <= allowed) missed += positives[k++].weight;
+    missable = k;
+  }
+  if (missable == 0) return std::nextafter(positives[0].z, -INFINITY) - 1e-3f;
+  const float lo = positives[missable - 1].z, hi = positives[missable].z;
   return lo < hi ? 0.5f * (lo + hi) : std::nextafter(hi, -INFINITY);
 }
 
 }  // namespace
+
+void ComputeContributions(ThreadPool& pool, const LlamaModel& model, int layer,
+                          LayerDataset& data) {
+  const LlamaHparams& h = model.hparams();
+  const LayerWeights& L = model.layers()[layer];
+  const int64_t d = data.n_embd, f = data.n_ff;
+  // ‖down column i‖ over the rows of down: (n_embd, n_ff).
+  std::vector<double> norm2(f, 0.0);
+  std::vector<float> row(f);
+  const TypeKernels* k = KernelsFor(L.ffn_down.type);
+  for (int64_t r = 0; r < L.ffn_down.rows; ++r) {
+    k->to_float(L.ffn_down.row(r), row.data(), f);
+    for (int64_t i = 0; i < f; ++i) norm2[i] += double{row[i]} * row[i];
+  }
+  constexpr int64_t kChunk = 64;
+  MatMulScratch scratch;
+  scratch.Reserve(kChunk, d);
+  std::vector<float> gate(kChunk * f), up(kChunk * f);
+  for (LayerDataset::Split s : {LayerDataset::kCalib, LayerDataset::kTest}) {
+    std::vector<float>& out = data.contribution[s];
+    out.assign(static_cast<size_t>(data.n[s] * f), 0.0f);
+    for (int64_t t0 = 0; t0 < data.n[s]; t0 += kChunk) {
+      const int64_t n = std::min(kChunk, data.n[s] - t0);
+      const float* x = data.x[s].data() + t0 * d;
+      MatMul(pool, L.ffn_gate, x, n, gate.data(), scratch);
+      MatMul(pool, L.ffn_up, x, n, up.data(), scratch);
+      GatedActivation(h.activation, gate.data(), up.data(), n * f);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t i = 0; i < f; ++i) {
+          if (data.fired(s, t0 + t, i)) {
+            out[(t0 + t) * f + i] =
+                static_cast<float>(std::fabs(gate[t * f + i]) * std::sqrt(norm2[i]));
+          }
+        }
+      }
+    }
+  }
+}
 
 double LayerDataset::ActiveFraction(Split s) const {
   if (n[s] == 0) return 0;
@@ -136,6 +193,8 @@ LayerDataset BuildLayerDataset(const ActivationProfiler& profiler, int layer, co
 PredictorEval EvaluatePredictor(ThreadPool& pool, const Predictor& p, const LayerDataset& data,
                                 LayerDataset::Split split, float threshold) {
   uint64_t tp = 0, fp = 0, fn = 0;
+  double kept = 0, total = 0;
+  const std::vector<float>& weights = data.contribution[split];
   ForEachLogitRow(pool, p, data, split, [&](int64_t row, const float* z) {
     for (int64_t i = 0; i < p.n_ff; ++i) {
       const bool predicted = z[i] > threshold;
@@ -143,9 +202,14 @@ PredictorEval EvaluatePredictor(ThreadPool& pool, const Predictor& p, const Laye
       tp += predicted && fired;
       fp += predicted && !fired;
       fn += !predicted && fired;
+      if (fired && !weights.empty()) {
+        total += weights[row * p.n_ff + i];
+        kept += predicted ? weights[row * p.n_ff + i] : 0.0f;
+      }
     }
   });
   PredictorEval e;
+  e.contribution = total > 0 ? kept / total : 1.0;
   e.recall = tp + fn > 0 ? static_cast<double>(tp) / (tp + fn) : 1.0;
   e.precision = tp + fp > 0 ? static_cast<double>(tp) / (tp + fp) : 1.0;
   const double cells = static_cast<double>(std::max<int64_t>(1, data.n[split])) * p.n_ff;
@@ -256,7 +320,9 @@ TrainedPredictor TrainPredictor(ThreadPool& pool, const LayerDataset& data, int6
   p.RoundToF16();
   TrainedPredictor out;
   const double aim = 1.0 - (1.0 - options.target_recall) * (1.0 - options.recall_margin);
-  p.threshold = ChooseThreshold(pool, p, data, LayerDataset::kCalib, aim);
+  const double aim_contribution =
+      1.0 - (1.0 - options.target_contribution) * (1.0 - options.recall_margin);
+  p.threshold = ChooseThreshold(pool, p, data, LayerDataset::kCalib, aim, aim_contribution);
   out.calib = EvaluatePredictor(pool, p, data, LayerDataset::kCalib, p.threshold);
   out.test = EvaluatePredictor(pool, p, data, LayerDataset::kTest, p.threshold);
   out.test_recall_at_zero = EvaluatePredictor(pool, p, data, LayerDataset::kTest, 0.0f).recall;

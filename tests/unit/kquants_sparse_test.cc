@@ -36,7 +36,7 @@ double Perplexity(Session& session) {
   return r->ppl;
 }
 
-// ppl_bound: sparse within this fraction of dense.
+// ppl_bound: sparse within this fraction of dense. The profile's default options.
 void CheckSparseReluWide(const std::string& type, double ppl_bound) {
   const std::string file = "kquants/relu-wide." + type + ".gguf";
   if (!std::filesystem::exists(TestModelPath(file))) THERMOCLINE_SKIP(file + " not found");
@@ -137,11 +137,13 @@ TEST_CASE("relu-wide q3_k_m sparse equals dense", "[kquants][sparse]") {
 TEST_CASE("relu-wide iq4_xs sparse equals dense", "[kquants][sparse]") {
   CheckSparseReluWide("iq4_xs", 0.01);
 }
-// Q2_K's 2-bit weights make the model sensitive to any change of its activations: over profiler
-// seeds the sparse perplexity lies between -0.2% and +2.4% of dense (the oracle's within 0.1%),
-// so this file gets 2.5%.
+// Q2_K's 2-bit weights make the model sensitive to the few firings that add the most: with count
+// recall alone its predictors (99% of firings) left +0.2% to +2.6% perplexity over 6 profiler
+// seeds, the oracle within 0.1%. The profile's default for such a file keeps 99.8% of the
+// firings' contribution as well (rank_search.h's kLowBitContribution, docs/offline.md):
+// -0.03% to +0.3% over 4 seeds, with 85-91% of neurons predicted active.
 TEST_CASE("relu-wide q2_k sparse equals dense", "[kquants][sparse]") {
-  CheckSparseReluWide("q2_k", 0.025);
+  CheckSparseReluWide("q2_k", 0.01);
 }
 
 }  // namespace
