@@ -191,8 +191,9 @@ int RunBench(int argc, char** argv) {
         "[--threads N] [--repetitions 5] [--json]\n"
         "  --activation A           override the FFN activation: silu | relu | drelu\n"
         "  --kv-type f16|f32        KV cache element type (default f16, as llama.cpp's)\n"
-        "  --no-repack              read Q4_0, Q4_K and Q6_K as the file's rows (default: re-laid\n"
-        "                           at load in groups of 16 rows for the CPU's dense path)");
+        "  --no-repack              read the weights from the file's mapping (default: Q4_0 and\n"
+        "                           Q2_K..Q6_K re-laid at load in groups of 16 rows, the other\n"
+        "                           types copied onto huge pages, for the CPU's dense path)");
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     std::puts(

@@ -1,9 +1,16 @@
-// PackedWeights: which matrices of the scope are re-laid (Q4_0, Q3_K to Q6_K), one at a time,
-// each released from the file as soon as its copy exists (the load never holds two copies of more
-// than one matrix).
+// PackedWeights: the matrices of the scope re-laid (Q4_0, Q2_K to Q6_K) or copied as they are
+// (every other type), one at a time, each released from the file as soon as its copy exists (the
+// load never holds two copies of more than one matrix).
 #include "engine/model/packed_weights.h"
 
 namespace thermocline {
+namespace {
+
+// A matrix below a huge page gains nothing from a copy (it is not on a huge page either) and
+// would hold its partial file pages twice.
+constexpr size_t kMinCopyBytes = kHugePageBytes;
+
+}  // namespace
 
 std::shared_ptr<const PackedWeights> PackedWeights::Build(const LlamaModel& model,
                                                           const PackScope& scope,
@@ -16,7 +23,10 @@ std::shared_ptr<const PackedWeights> PackedWeights::Build(const LlamaModel& mode
       return;
     }
     OwnedWeight copy = PackRowGroups(pool, w);
-    if (copy.data.empty()) return;  // a type without row groups
+    if (copy.data.empty()) {  // a type without row groups: a plain copy where huge pages pay
+      if (w.rows * w.row_bytes < kMinCopyBytes) return;
+      copy = CopyWeight(pool, w);
+    }
     p->bytes_ += copy.data.size();
     p->released_file_bytes_ += file.ReleasePages(w.data, w.rows * w.row_bytes);
     p->copies_.emplace(w.data, std::move(copy));

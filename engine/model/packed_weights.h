@@ -1,9 +1,11 @@
-// The dense CPU path's weight matrices re-laid once at load for faster kernels (Q4_0, Q4_K and
-// Q6_K in interleaved row groups, weight_layout.h's PackQ4_0Groups etc.), shared read-only by
-// every session of an engine. Each copy replaces the model file's pages of its matrix (released
-// with GgufFile::ReleasePages as it is made); the model's own views are left as they were, so every
-// other reader of them (the sparse FFN's copies, the device uploads, MoE experts) still sees the
-// rows GGUF stores, faulting the file's pages in again if it reads a released one.
+// The dense CPU path's weight matrices re-laid once at load for faster kernels (Q4_0 and Q2_K to
+// Q6_K in interleaved row groups, weight_layout.h's PackQ4_0Groups etc.) or, for the other
+// types, copied as they are onto huge pages where a matrix fills one at least (CopyWeight: faster
+// to stream than the file's mapping), shared read-only by every session of an engine. Each copy
+// replaces the model file's pages of its matrix (released with GgufFile::ReleasePages as it is
+// made); the model's own views are left as they were, so every other reader of them (the sparse
+// FFN's copies, the device uploads, MoE experts) still sees the rows GGUF stores, faulting the
+// file's pages in again if it reads a released one.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +31,8 @@ struct PackScope {
 
 class PackedWeights {
  public:
-  // Re-lays the Q4_0 and K-quant (Q3_K to Q6_K) matrices of `scope` (other types stay as they are),
-  // parallel over the pool.
+  // Re-lays the Q4_0 and K-quant (Q2_K to Q6_K) matrices of `scope` and copies the others of at
+  // least a huge page (2 MB), parallel over the pool.
   static std::shared_ptr<const PackedWeights> Build(const LlamaModel& model, const PackScope& scope,
                                                     ThreadPool& pool);
 

@@ -132,6 +132,17 @@ OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* ord
   return g;
 }
 
+OwnedWeight CopyWeight(ThreadPool& pool, const WeightView& w) {
+  OwnedWeight c = OwnedWeight::Allocate(w.type, w.rows, w.cols);
+  const size_t bytes = RowBytes(w.type, w.cols);
+  pool.ParallelFor(w.rows, 64, [&](int, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      std::memcpy(c.data.data() + r * c.view.row_bytes, w.row(r), bytes);
+    }
+  });
+  return c;
+}
+
 OwnedWeight PackQ4_0Groups(ThreadPool& pool, const WeightView& w) {
   const int64_t nb = w.cols / kQK4_0;
   return PackGroups(

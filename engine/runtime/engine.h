@@ -67,9 +67,10 @@ struct EngineOptions {
   // dense FFN. bench's reference only. Otherwise a ReLU-family mixture's host experts compute
   // only their firing neurons (engine/sparse/moe_ffn.h).
   bool moe_all_experts = false;
-  // Re-lay the Q4_0 matrices that only the dense CPU path reads (attention and dense FFN of the
-  // CPU's layers, the output head) once at load for its decode kernels (PackedWeights),
-  // replacing the file's pages. false: the file's rows (A/B benchmarks, tests).
+  // Re-lay the matrices that only the dense CPU path reads (attention and dense FFN of the CPU's
+  // layers, the output head) once at load for its decode kernels: Q4_0 and Q2_K to Q6_K in row
+  // groups, the other types copied onto huge pages (PackedWeights), replacing the file's pages.
+  // false: the file's mapped rows (A/B benchmarks, tests).
   bool repack = true;
 
   bool gpu_requested() const { return gpu_memory > 0 || gpu_layers != kNoGpuLayers; }

@@ -328,7 +328,10 @@ TEST_CASE("a sparse ReLU mixture holds its experts' down once: the file's pages 
   const std::vector<int32_t> prompt = {1, 403, 261, 290, 7, 45, 300, 41, 17, 260, 33};
   std::vector<int32_t> dense_ids;
   {
-    auto dense = NewEngineSession(m, std::nullopt, pool, Options());
+    // Dense from the file's mapping (no copies), so that the experts' pages are in the process.
+    EngineOptions rows = Options();
+    rows.repack = false;
+    auto dense = NewEngineSession(m, std::nullopt, pool, rows);
     dense_ids = testing::GreedyIds(dense->session(), prompt, 16);
   }
   const int64_t rss_dense = MappingRss(file_data);
@@ -341,9 +344,12 @@ TEST_CASE("a sparse ReLU mixture holds its experts' down once: the file's pages 
   const Engine& engine = sparse->engine();
   // Each layer's experts are one range: all of it but its two partial end pages.
   const double pages_slack = 2.0 * 4096 * m.hparams().n_layer;
-  CHECK(engine.released_file_bytes() + pages_slack >= down);
-  CHECK(engine.released_file_bytes() <= down);
-  CHECK(engine.host_bytes() == down);  // the down_t copies (F32: the same bytes)
+  // (The engine's other copies, of attention and the head, are PackedWeights'.)
+  const ExpertWeights& experts = *engine.expert_weights();
+  CHECK(experts.released_file_bytes() + pages_slack >= down);
+  CHECK(experts.released_file_bytes() <= down);
+  CHECK(experts.bytes() == down);  // the down_t copies (F32: the same bytes)
+  CHECK(engine.host_bytes() == down + engine.packed_weights()->bytes());
   // Prefill (chunks of 8 and 3) and decode over the copies: the same tokens, and the pages of
   // the experts' down stay out.
   CHECK(testing::GreedyIds(sparse->session(), prompt, 16) == dense_ids);
@@ -360,8 +366,10 @@ TEST_CASE("a SwiGLU mixture copies only its device experts' down", "[moe][sparse
   auto dense = NewEngineSession(m, std::nullopt, pool, Options());
   auto host = NewEngineSession(m, HostPlan(m), pool, Options());
   CHECK_FALSE(host->engine().expert_weights()->sparse_host());
-  CHECK(host->engine().host_bytes() == 0);  // no neuron to skip: the file's weights, dense
-  CHECK(host->engine().released_file_bytes() == 0);
+  // No neuron to skip: the file's experts, dense (the engine's other copies, of attention and
+  // the head, are PackedWeights').
+  CHECK(host->engine().expert_weights()->bytes() == 0);
+  CHECK(host->engine().expert_weights()->released_file_bytes() == 0);
   // Experts placed on a device that is not there: their down_t is copied (the device's form)
   // and their down released; the session runs them on the host over the copies.
   SparsePlan plan = HostPlan(m);
@@ -374,7 +382,7 @@ TEST_CASE("a SwiGLU mixture copies only its device experts' down", "[moe][sparse
   CHECK(experts.down_t(1, 1) == nullptr);
   const WeightView& d = m.layers()[0].expert_down[1];
   CHECK(experts.bytes() == 2 * d.rows * d.row_bytes);
-  CHECK(placed->engine().released_file_bytes() <= 2 * d.rows * d.row_bytes);
+  CHECK(experts.released_file_bytes() <= 2 * d.rows * d.row_bytes);
   const nlohmann::json ref = testing::LoadReference("arch/stories260K-llama-moe.llama-cpp.json");
   for (const nlohmann::json& pr : ref["prompts"]) {
     const std::vector<int32_t> ids = pr["prompt_ids"].get<std::vector<int32_t>>();

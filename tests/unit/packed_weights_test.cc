@@ -10,6 +10,7 @@
 #include <string>
 
 #include "bench/cpu_device.h"
+#include "bench/synth.h"
 #include "engine/ops/weight_layout.h"
 #include "engine/runtime/engine.h"
 #include "kquants_fixtures.h"
@@ -174,6 +175,81 @@ TEST_CASE("the re-laid Q4_0 and K-quant engines give llama.cpp's greedy tokens",
     // Measured 5e-6; the bound: a float rounding per product of the head's 256-wide rows at
     // logits up to ~20 (2^-23 * 256 * 20 = 6e-4).
     CHECK(head_diff < 1e-3);
+  }
+}
+
+// The types without row groups are copied as they are onto huge pages, matrices of 2 MB and up:
+// each copy holds its matrix's bytes, the file's pages are given back and counted, and decoding
+// reads the same bytes with the same kernels, so the logits are those of the engine that reads the
+// file's mapping, to the bit. Smaller matrices stay in the mapping.
+TEST_CASE("the dense path reads copies of the other types' large matrices", "[packed]") {
+  const GgmlType type = GENERATE(GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kIQ4_NL);
+  INFO(TypeName(type));
+  SynthOptions so;
+  so.n_layer = 2;
+  so.n_embd = 1024;  // attention 1024 x 1024: 2 MB in F16, 1.1 MB in Q8_0, 0.6 MB in IQ4_NL
+  so.n_ff = 4096;    // the FFN's matrices 2.25 MB (IQ4_NL) to 8 MB (F16)
+  so.n_head = 8;
+  so.n_head_kv = 8;
+  so.n_vocab = 512;
+  so.n_ctx = 64;
+  so.type = type;
+  ThreadPool pool(2);
+  const std::string file =
+      (testing::TempDir() / (std::string("copied.") + TypeName(type) + ".gguf")).string();
+  REQUIRE(SynthesizeModel(so, file, pool).ok());
+  auto loaded = LlamaModel::Load(file);
+  REQUIRE(loaded.ok());
+  const LlamaModel& model = **loaded;
+  EngineOptions rows_options;
+  rows_options.repack = false;
+  auto rows_engine = Engine::Create(model, std::nullopt, rows_options, pool);
+  auto engine = Engine::Create(model, std::nullopt, EngineOptions{}, pool);
+  REQUIRE(rows_engine.ok());
+  REQUIRE(engine.ok());
+  const PackedWeights& packed = *(*engine)->packed_weights();
+  std::vector<const WeightView*> matrices;
+  for (const LayerWeights& L : model.layers()) {
+    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+      matrices.push_back(w);
+    }
+  }
+  matrices.push_back(&model.output());
+  int64_t copied = 0;
+  for (const WeightView* w : matrices) {
+    const size_t bytes = w->rows * w->row_bytes;
+    const WeightView& p = packed.Resolve(*w);
+    INFO(bytes << " bytes");
+    CHECK((p.data != w->data) == (bytes >= kHugePageBytes));
+    if (p.data == w->data) continue;
+    CHECK(p.layout == WeightLayout::kRows);
+    REQUIRE(p.row_bytes == w->row_bytes);
+    CHECK(std::memcmp(p.data, w->data, bytes) == 0);
+    ++copied;
+  }
+  CHECK(copied >= 6);  // the FFN's at least
+  CHECK(packed.matrices() == copied);
+  CHECK((*engine)->host_bytes() == packed.bytes());
+  CHECK((*engine)->released_file_bytes() > 0);
+  CHECK((*engine)->released_file_bytes() <= packed.bytes());
+
+  auto s = (*engine)->NewSession(&pool);
+  auto rows_s = (*rows_engine)->NewSession(&pool);
+  REQUIRE(s.ok());
+  REQUIRE(rows_s.ok());
+  Session& a = (*s)->session();
+  Session& b = (*rows_s)->session();
+  const std::vector<int32_t> prompt = {1, 17, 300, 42, 7};
+  REQUIRE(a.Eval(prompt).ok());
+  REQUIRE(b.Eval(prompt).ok());
+  const int64_t n_vocab = model.hparams().n_vocab;
+  for (int step = 0; step < 8; ++step) {
+    INFO("step " << step);
+    REQUIRE(std::memcmp(a.logits(), b.logits(), n_vocab * sizeof(float)) == 0);
+    const float* l = b.logits();
+    const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+    REQUIRE(a.Eval({&next, 1}).ok());
+    REQUIRE(b.Eval({&next, 1}).ok());
   }
 }
 
