@@ -9,11 +9,12 @@
 #
 # Environment: ROUNDS (alternated rounds, default 3), THREADS (default "1 2"), PROMPT (prompt
 # tokens, default 64), GEN (generated tokens, default 64), THERMOCLINE (the binary, default
-# build/tools/thermocline beside this script's checkout).
+# build/tools/thermocline beside this script's checkout), LLAMA_ARGS (more llama-bench options,
+# e.g. "-mmp 0": its weights read into memory instead of from the file's mapping).
 set -euo pipefail
 
 if [[ $# -lt 2 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 llama_bench=$1
@@ -54,7 +55,8 @@ run_quiet() {
 
 llama_round() {  # model threads
   local json
-  json=$(run_quiet "$llama_bench" -m "$1" -t "$2" -p "$prompt" -n "$gen" -r 1 -o json)
+  # shellcheck disable=SC2086  # LLAMA_ARGS: words
+  json=$(run_quiet "$llama_bench" -m "$1" -t "$2" -p "$prompt" -n "$gen" -r 1 ${LLAMA_ARGS:-} -o json)
   python3 -c '
 import json, sys
 for r in json.loads(sys.argv[1]):
@@ -85,7 +87,8 @@ print("sparse-decode", json.loads(sys.argv[1])["sparse_decode_tokens_per_s"])
 }
 
 echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores;" \
-  "$(date -u +%Y-%m-%dT%H:%MZ); $rounds rounds, llama.cpp then Thermocline in each" >&2
+  "$(date -u +%Y-%m-%dT%H:%MZ); $rounds rounds, llama.cpp${LLAMA_ARGS:+ ($LLAMA_ARGS)} then" \
+  "Thermocline in each" >&2
 for round in $(seq "$rounds"); do
   for model in "$@"; do
     for t in $threads; do

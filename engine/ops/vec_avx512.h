@@ -90,15 +90,9 @@ inline uint16_t FloatToHalf(float f) {
 
 // ---- Int8 blocks (nblk <= kBlocks blocks per I; the rest zero) ----
 // Q4_0 quants as unsigned 0..15 in element order: 128-bit lanes [lo0 hi0 lo1 hi1].
+inline I LoadNibbles(const uint8_t* qs, int64_t block_bytes, int nblk);
 inline I LoadQ4(const BlockQ4_0* b, int nblk) {
-  __m512i q = _mm512_maskz_broadcast_i32x4(
-      0x00FF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[0].qs)));
-  if (nblk > 1) {
-    q = _mm512_mask_broadcast_i32x4(q, 0xFF00,
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[1].qs)));
-  }
-  const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
-  return _mm512_and_si512(_mm512_srlv_epi32(q, shift), _mm512_set1_epi8(0x0F));
+  return LoadNibbles(b[0].qs, sizeof(BlockQ4_0), nblk);
 }
 inline I LoadQ8(const BlockQ8_0* b, int nblk) {
   const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[0].qs));
@@ -216,13 +210,17 @@ inline I AndBytes(I v, int m) {
   return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(m)));
 }
 inline I OrI(I a, I b) { return _mm512_or_si512(a, b); }
+// Two blocks' 16 quant bytes as 128-bit lanes [a a b b], each lane's second copy shifted to its
+// high nibbles. Plain loads and one permute: a masked broadcast from memory here (the obvious
+// way to build [a a 0 0] then fill [. . b b]) ran Zen 5's IQ4_XS decode at a third of AVX2's
+// speed (8.7 vs 25.8 tokens/s on the 1.1B shape, one thread).
 inline I LoadNibbles(const uint8_t* qs, int64_t block_bytes, int nblk) {
-  __m512i q =
-      _mm512_maskz_broadcast_i32x4(0x00FF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-  if (nblk > 1) {
-    q = _mm512_mask_broadcast_i32x4(
-        q, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + block_bytes)));
-  }
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i b = nblk > 1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + block_bytes))
+                             : _mm_setzero_si128();
+  const __m512i ab =
+      _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1));
+  const __m512i q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), ab);
   const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
   return _mm512_and_si512(_mm512_srlv_epi32(q, shift), _mm512_set1_epi8(0x0F));
 }
