@@ -146,29 +146,41 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
     recall_min = std::min(recall_min, y.recall);
   }
   const size_t n = std::max<size_t>(1, r.sidecar.layers.size());
-  return {{"model", r.sidecar.model_name},
-          {"model_identity", r.sidecar.model_identity},
-          {"activation", r.sidecar.activation},
-          {"source", r.source.kind},
-          {"corpus_hash", r.source.corpus_hash},
-          {"tokens", r.source.tokens},
-          {"samples", r.profiler->num_samples()},
-          {"target_recall", r.sidecar.target_recall},
-          {"target_contribution", r.predictors.target_contribution},
-          {"layers", layers},
-          {"totals",
-           {{"sparsity", sparsity / n},
-            {"min_recall", recall_min},
-            {"predictor_bytes", r.predictors.total_bytes},
-            {"ffn_bytes", r.predictors.ffn_bytes},
-            {"predictor_budget_bytes", r.predictors.budget_bytes},
-            {"predictor_fraction_of_ffn", static_cast<double>(r.predictors.total_bytes) /
-                                              std::max<uint64_t>(1, r.predictors.ffn_bytes)},
-            {"model_bytes", r.predictors.model_bytes},
-            {"predictor_fraction_of_model", static_cast<double>(r.predictors.total_bytes) /
-                                                std::max<uint64_t>(1, r.predictors.model_bytes)},
-            {"profile_seconds", r.profile_seconds},
-            {"train_seconds", r.train_seconds}}}};
+  nlohmann::json report = {
+      {"model", r.sidecar.model_name},
+      {"model_identity", r.sidecar.model_identity},
+      {"activation", r.sidecar.activation},
+      {"source", r.source.kind},
+      {"corpus_hash", r.source.corpus_hash},
+      {"tokens", r.source.tokens},
+      {"samples", r.profiler->num_samples()},
+      {"target_recall", r.sidecar.target_recall},
+      {"target_contribution", r.predictors.target_contribution},
+      {"layers", layers},
+      {"totals",
+       {{"sparsity", sparsity / n},
+        {"min_recall", recall_min},
+        {"predictor_bytes", r.predictors.total_bytes},
+        {"ffn_bytes", r.predictors.ffn_bytes},
+        {"predictor_budget_bytes", r.predictors.budget_bytes},
+        {"predictor_fraction_of_ffn", static_cast<double>(r.predictors.total_bytes) /
+                                          std::max<uint64_t>(1, r.predictors.ffn_bytes)},
+        {"model_bytes", r.predictors.model_bytes},
+        {"predictor_fraction_of_model", static_cast<double>(r.predictors.total_bytes) /
+                                            std::max<uint64_t>(1, r.predictors.model_bytes)},
+        {"profile_seconds", r.profile_seconds},
+        {"train_seconds", r.train_seconds}}}};
+  if (const SidecarCalibration& c = r.sidecar.calibration; c.present) {
+    nlohmann::json methods = {
+        {"predicted", {{"sparsity", c.predicted_sparsity}, {"ppl", c.predicted_ppl}}}};
+    if (c.gate_first) {
+      methods["gate_first"] = {{"sparsity", c.gate_first_sparsity}, {"ppl", c.gate_first_ppl}};
+    }
+    report["calibration"] = {
+        {"max_ppl_increase", c.max_ppl_increase}, {"held_out", c.held_out},   {"context", c.n_ctx},
+        {"tokens_scored", c.tokens_scored},       {"dense_ppl", c.dense_ppl}, {"methods", methods}};
+  }
+  return report;
 }
 
 }  // namespace thermocline::offline

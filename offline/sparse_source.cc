@@ -22,16 +22,19 @@ float QuantileAt(const std::vector<float>& quantiles, double q) {
 }
 
 // Weight bytes one token reads in layer l's FFN by each method, from the profile: predicted
-// reads gate and up rows of the predicted share and down rows of the firing share, plus the
-// predictor; gate-first every gate row and up and down rows of the share its threshold keeps.
-bool GateFirstReadsLess(const SidecarLayer& s, const LayerWeights& L, double gate_first_sparsity) {
+// reads gate and up rows of the predicted share and down rows of the share its threshold keeps
+// (predicted_sparsity; < 0: the profile's firing share), plus the predictor; gate-first every
+// gate row and up and down rows of the share its threshold keeps.
+bool GateFirstReadsLess(const SidecarLayer& s, const LayerWeights& L, double predicted_sparsity,
+                        double gate_first_sparsity) {
   const double g = static_cast<double>(L.ffn_gate.row_bytes) * L.ffn_gate.rows;
   const double u = static_cast<double>(L.ffn_up.row_bytes) * L.ffn_up.rows;
   const double d = static_cast<double>(L.ffn_down.row_bytes) * L.ffn_down.rows;
   const Predictor& pr = s.predictor;
   const double predictor = pr.rank > 0 ? 2.0 * pr.rank * (pr.n_embd + pr.n_ff) : 0.0;  // F16
   const double active = pr.rank > 0 ? s.predicted_active : 1.0;
-  const double predicted = active * (g + u) + (1.0 - s.sparsity) * d + predictor;
+  const double dropped = predicted_sparsity >= 0 ? predicted_sparsity : s.sparsity;
+  const double predicted = active * (g + u) + (1.0 - dropped) * d + predictor;
   const double gate_first = g + (1.0 - gate_first_sparsity) * (u + d);
   return gate_first < predicted;
 }
@@ -57,10 +60,17 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
                      h.is_moe() ? "a mixture of experts" : ActivationName(h.activation),
                      ", whose gate already decides (use predicted or auto)"));
   }
-  // Gate-first thresholds at the asked sparsity, else at the one the profile calibrated.
-  const double gate_first_sparsity =
-      target_sparsity > 0 ? target_sparsity
-                          : (sidecar.target_sparsity > 0 ? sidecar.target_sparsity : 0.5);
+  // Thresholds at the asked sparsity; else at the one calibrated for a perplexity target
+  // (SidecarCalibration); else predicted keeps the sidecar's thresholds and gate-first takes
+  // the profile's target sparsity.
+  const SidecarCalibration& cal = sidecar.calibration;
+  const double predicted_sparsity = target_sparsity > 0 ? target_sparsity
+                                    : cal.present       ? cal.predicted_sparsity
+                                                        : -1.0;
+  const double gate_first_sparsity = target_sparsity > 0             ? target_sparsity
+                                     : cal.present && cal.gate_first ? cal.gate_first_sparsity
+                                     : sidecar.target_sparsity > 0   ? sidecar.target_sparsity
+                                                                     : 0.5;
   SparsePlan result;
   result.source = SparsePlan::Source::kSidecar;
   std::vector<SparseLayerPlan>& plan = result.layers;
@@ -90,8 +100,8 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
     if (static_cast<int64_t>(s.fire_count.size()) == model.hparams().n_ff) {
       p.fire_count = s.fire_count;  // lays the rows out hottest first
     }
-    if (target_sparsity > 0 && model.hparams().activation == FfnActivation::kSilu) {
-      p.magnitude_threshold = QuantileAt(s.act_abs_quantiles, target_sparsity);
+    if (predicted_sparsity >= 0 && model.hparams().activation == FfnActivation::kSilu) {
+      p.magnitude_threshold = QuantileAt(s.act_abs_quantiles, predicted_sparsity);
     }
     const bool has_gate = s.gate_score_quantiles.size() == static_cast<size_t>(kQuantileLevels) &&
                           static_cast<int64_t>(s.gate_scale.size()) == h.n_ff;
@@ -101,10 +111,11 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
                        " has no gate-first calibration (gate_scale, gate_score_quantiles): the "
                        "sidecar predates it; profile the model again (thermocline profile)"));
     }
-    const bool gate_first = gated_by_magnitude && has_gate &&
-                            (method == MethodChoice::kGateFirst ||
-                             (method == MethodChoice::kAuto &&
-                              GateFirstReadsLess(s, model.layers()[l], gate_first_sparsity)));
+    const bool gate_first =
+        gated_by_magnitude && has_gate &&
+        (method == MethodChoice::kGateFirst ||
+         (method == MethodChoice::kAuto &&
+          GateFirstReadsLess(s, model.layers()[l], predicted_sparsity, gate_first_sparsity)));
     if (gate_first) {  // no predictor: the gate decides, nothing else drops
       p.method = SparseMethod::kGateFirst;
       p.gate_threshold = QuantileAt(s.gate_score_quantiles, gate_first_sparsity);

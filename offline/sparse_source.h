@@ -37,7 +37,8 @@ struct SparseRequest {
   bool oracle = false;     // exact active sets (dense gate/up) instead of the predictors
   // > 0: recalibrate every layer's threshold to drop this fraction of activations (predicted:
   // of |act|, gate-first: of |silu(gate)|, from the profile's quantiles; SwiGLU). 0: the
-  // sidecar's thresholds (gate-first: the profile's target sparsity).
+  // sparsity the sidecar calibrated for a perplexity target (offline/sparsity_calibration.h),
+  // else the sidecar's thresholds (gate-first: the profile's target sparsity).
   double target_sparsity = 0;
   MethodChoice method = MethodChoice::kPredicted;
 };

@@ -4,9 +4,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "offline/pipeline.h"
+#include "offline/sparsity_calibration.h"
 #include "tools/commands.h"
 
 namespace thermocline::cli {
@@ -30,20 +33,104 @@ constexpr char kUsage[] =
   --epochs N                training epochs per rank tried (default 12)
   --chunk N                 tokens per profiled sequence (default 256, capped at the context)
   --target-sparsity S       SwiGLU: fraction of |activation| counted as not firing (default 0.5)
+  --target-ppl-increase F   SwiGLU: also find, per method (predicted, gate-first), the largest
+                            sparsity whose perplexity is at most F above dense (0.02 = +2%);
+                            the sidecar keeps it and loading without --target-sparsity uses it
+  --calibration-text FILE   text for that (default: the corpus after the part profiled, or the
+                            whole corpus when too little is left)
+  --calibration-ctx N       its perplexity windows (default 256, capped at the model's context)
+  --calibration-windows N   windows scored per level tried (default 4; 0: the whole text)
   --seed S                  sampling and training seed (default 1)
   -t, --threads N           CPU threads (default: all)
   --activation A            override the FFN activation: silu | relu | drelu
   --quiet                   no progress output
 )";
 
+struct CalibrationSource {
+  std::string text;
+  bool held_out = false;
+};
+
+// --calibration-text; else the corpus after what the profile read when that holds two windows
+// (held out), else the whole corpus.
+absl::StatusOr<CalibrationSource> CalibrationText(const Args& args, const LlamaModel& model,
+                                                  const offline::PipelineResult& result,
+                                                  const offline::CalibrationOptions& options) {
+  CalibrationSource source;
+  const bool given = args.Has("--calibration-text");
+  const std::string path = given ? *args.Get("--calibration-text") : *args.Get("--corpus");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream all;
+  all << in.rdbuf();
+  source.text = all.str();
+  source.held_out = given;
+  const Tokenizer& tok = model.tokenizer();
+  const int64_t need = 2 * std::min(options.n_ctx, model.hparams().n_ctx_train);
+  if (!given && result.source.corpus_bytes_read < source.text.size()) {
+    std::string rest = source.text.substr(result.source.corpus_bytes_read);
+    if (static_cast<int64_t>(tok.Encode(rest, tok.add_bos()).size()) >= need) {
+      source.text = std::move(rest);
+      source.held_out = true;
+    }
+  }
+  if (!source.held_out) {
+    std::fprintf(stderr,
+                 "thermocline profile: calibrating on the profiled corpus itself (too little of "
+                 "it is left unread): the perplexity target is met on seen text\n");
+  }
+  return source;
+}
+
+void PrintCalibration(const offline::SparsityCalibration& c, bool held_out) {
+  std::printf(
+      "perplexity target: at most %.2f%% above dense %.4f (%lld tokens at context %lld, "
+      "%s text)\n",
+      100 * c.max_ppl_increase, c.dense_ppl, static_cast<long long>(c.tokens_scored),
+      static_cast<long long>(c.n_ctx), held_out ? "held-out" : "profiled");
+  for (const offline::MethodCalibration& m : c.methods) {
+    const char* name = m.method == offline::MethodChoice::kGateFirst ? "gate-first" : "predicted";
+    if (m.met) {
+      std::printf("  %-10s sparsity %.3f: ppl %.4f (%+.2f%%)\n", name, m.sparsity, m.ppl,
+                  100 * (m.ppl / c.dense_ppl - 1));
+    } else {
+      std::printf(
+          "  %-10s no level tried met the target (lowest: %.3f, ppl %.4f); with every "
+          "threshold at 0, ppl %.4f (%+.2f%%)%s: its thresholds are at sparsity 0\n",
+          name, m.trials.back().sparsity, m.trials.back().ppl, m.floor_ppl,
+          100 * (m.floor_ppl / c.dense_ppl - 1),
+          m.method == offline::MethodChoice::kPredicted
+              ? ", the predictors' misses (a higher --recall or more --tokens lowers it)"
+              : "");
+    }
+  }
+}
+
 }  // namespace
 
 int RunProfile(int argc, char** argv) {
   auto args =
       Args::Parse(argc, argv,
-                  {"--model", "--corpus", "--tokens", "--output", "--report", "--plots", "--recall",
-                   "--contribution", "--budget", "--samples", "--epochs", "--chunk",
-                   "--target-sparsity", "--seed", "--threads", "--activation"},
+                  {"--model",
+                   "--corpus",
+                   "--tokens",
+                   "--output",
+                   "--report",
+                   "--plots",
+                   "--recall",
+                   "--contribution",
+                   "--budget",
+                   "--samples",
+                   "--epochs",
+                   "--chunk",
+                   "--target-sparsity",
+                   "--seed",
+                   "--threads",
+                   "--activation",
+                   "--target-ppl-increase",
+                   "--calibration-text",
+                   "--calibration-ctx",
+                   "--calibration-windows"},
                   {"--self-generate", "--quiet", "--help"},
                   {{"-m", "--model"}, {"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("profile", args.status(), true);
@@ -99,6 +186,38 @@ int RunProfile(int argc, char** argv) {
   o.predictors.train.seed = static_cast<uint64_t>(*seed);
   o.predictors.budget_fraction = *budget;
 
+  offline::CalibrationOptions calibration;
+  const bool calibrate = args->Has("--target-ppl-increase");
+  auto ppl_increase = args->GetDouble("--target-ppl-increase", calibration.max_ppl_increase);
+  auto calibration_ctx = args->GetInt("--calibration-ctx", calibration.n_ctx);
+  auto calibration_windows = args->GetInt("--calibration-windows", calibration.max_windows);
+  if (!ppl_increase.ok()) return Fail("profile", ppl_increase.status(), true);
+  if (!calibration_ctx.ok()) return Fail("profile", calibration_ctx.status(), true);
+  if (!calibration_windows.ok()) return Fail("profile", calibration_windows.status(), true);
+  if (!calibrate && (args->Has("--calibration-text") || args->Has("--calibration-ctx") ||
+                     args->Has("--calibration-windows"))) {
+    return Fail("profile",
+                absl::InvalidArgumentError("--calibration-* needs --target-ppl-increase"), true);
+  }
+  if (calibrate) {
+    if (!(*ppl_increase > 0 && *ppl_increase < 10) || *calibration_ctx < 4 ||
+        *calibration_windows < 0) {
+      return Fail("profile",
+                  absl::InvalidArgumentError("--target-ppl-increase must be in (0, 10), "
+                                             "--calibration-ctx >= 4, --calibration-windows >= 0"),
+                  true);
+    }
+    if (!args->Has("--corpus") && !args->Has("--calibration-text")) {
+      return Fail("profile",
+                  absl::InvalidArgumentError("--target-ppl-increase measures perplexity on a "
+                                             "text: give --corpus or --calibration-text"),
+                  true);
+    }
+    calibration.max_ppl_increase = *ppl_increase;
+    calibration.n_ctx = *calibration_ctx;
+    calibration.max_windows = *calibration_windows;
+  }
+
   auto threads = ThreadsFromArgs(*args);
   if (!threads.ok()) return Fail("profile", threads.status(), true);
   auto model = LoadModelFromArgs(*args);
@@ -109,6 +228,17 @@ int RunProfile(int argc, char** argv) {
       offline::RunProfilePipeline(**model, std::filesystem::path(model_path).filename().string(),
                                   pool, o, args->Has("--quiet") ? nullptr : stderr);
   if (!result.ok()) return Fail("profile", result.status());
+  std::optional<offline::SparsityCalibration> calibrated;
+  if (calibrate) {
+    auto text = CalibrationText(*args, **model, *result, calibration);
+    if (!text.ok()) return Fail("profile", text.status());
+    offline::ProgressReporter progress("calibrate", args->Has("--quiet") ? nullptr : stderr);
+    auto c = offline::CalibrateSparsity(**model, result->sidecar, text->text, pool, calibration,
+                                        &progress);
+    if (!c.ok()) return Fail("profile", c.status());
+    offline::ApplyCalibration(*c, text->held_out, result->sidecar);
+    calibrated = *std::move(c);
+  }
   const std::string out = *args->Get("--output");
   if (absl::Status s = offline::WriteSidecar(result->sidecar, out); !s.ok()) {
     return Fail("profile", s);
@@ -154,6 +284,7 @@ int RunProfile(int argc, char** argv) {
       static_cast<long long>(result->source.tokens), result->profile_seconds, result->train_seconds,
       t["predictor_bytes"].get<double>() / 1024,
       100 * t["predictor_fraction_of_model"].get<double>(), out.c_str());
+  if (calibrated) PrintCalibration(*calibrated, result->sidecar.calibration.held_out);
   return 0;
 }
 

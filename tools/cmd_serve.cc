@@ -31,7 +31,8 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
   --oracle                 sparse with exact active sets (dense gate/up) instead of predictors
   --sparse-method M        SwiGLU layers: predicted (default) | gate-first | auto
                            ([[models]] sparse_method)
-  --target-sparsity F      SwiGLU: the share of activations dropped (default: the sidecar's;
+  --target-sparsity F      SwiGLU: the share of activations dropped (default: the sidecar's,
+                           calibrated for its perplexity target if it has one;
                            [[models]] target_sparsity)
   --gpu-memory BYTES       device memory each model may use (8G, 512M): with a sidecar, its
                            solved hybrid placement (attention, head and hot neurons on the GPU);

@@ -1,5 +1,6 @@
 #include "engine/runtime/perplexity.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -10,7 +11,7 @@ namespace thermocline {
 
 absl::StatusOr<PerplexityResult> ComputePerplexity(
     Session& session, const std::string& text, int64_t n_ctx,
-    const std::function<void(int64_t, double)>& on_chunk) {
+    const std::function<void(int64_t, double)>& on_chunk, int64_t max_windows) {
   if (n_ctx < 4) return absl::InvalidArgumentError("perplexity needs a context of at least 4");
   if (n_ctx > session.n_ctx()) {
     return absl::InvalidArgumentError(
@@ -24,7 +25,8 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(
                                                    " needs at least ", 2 * n_ctx));
   }
   const int64_t n_vocab = session.model().hparams().n_vocab;
-  const int64_t n_chunk = static_cast<int64_t>(tokens.size()) / n_ctx;
+  int64_t n_chunk = static_cast<int64_t>(tokens.size()) / n_ctx;
+  if (max_windows > 0) n_chunk = std::min(n_chunk, max_windows);
   const int64_t first = n_ctx / 2;
   std::vector<float> logits(n_ctx * n_vocab);
   std::vector<int32_t> window(n_ctx);

@@ -22,9 +22,10 @@ struct PerplexityResult {
 };
 
 // Needs at least 2 * n_ctx tokens of text (as llama.cpp). session's context must be >= n_ctx.
-// on_chunk (optional) sees (window index, running ppl) after each window.
+// on_chunk (optional) sees (window index, running ppl) after each window. max_windows > 0
+// scores only the first max_windows windows.
 absl::StatusOr<PerplexityResult> ComputePerplexity(
     Session& session, const std::string& text, int64_t n_ctx,
-    const std::function<void(int64_t, double)>& on_chunk = nullptr);
+    const std::function<void(int64_t, double)>& on_chunk = nullptr, int64_t max_windows = 0);
 
 }  // namespace thermocline

@@ -151,6 +151,7 @@ absl::StatusOr<ProfileSource> RunProfile(const LlamaModel& model, ThreadPool& po
         return absl::CancelledError("profiling cancelled");
       }
     }
+    source.corpus_bytes_read = pos;
   } else {
     Fnv1a64 h;
     const std::string settings =

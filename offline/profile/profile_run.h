@@ -25,9 +25,10 @@ struct ProfileRunOptions {
 };
 
 struct ProfileSource {
-  std::string kind;         // "corpus" or "self-generate"
-  std::string corpus_hash;  // FNV-1a of the corpus bytes, or of the sampling settings
-  int64_t tokens = 0;       // tokens the profiler counted
+  std::string kind;              // "corpus" or "self-generate"
+  std::string corpus_hash;       // FNV-1a of the corpus bytes, or of the sampling settings
+  int64_t tokens = 0;            // tokens the profiler counted
+  size_t corpus_bytes_read = 0;  // the corpus's first bytes the profile read; the rest is unseen
 };
 
 // Runs the model until the profiler has counted options.tokens tokens (or the corpus ends,

@@ -68,6 +68,23 @@ struct SidecarPlacement {
   double tokens_per_s_frequency = 0;  // modelled, best placement of objective "frequency"
 };
 
+// The sparsity that keeps perplexity within a stated increase over dense, per SwiGLU method
+// (offline/sparsity_calibration.h): loading without a --target-sparsity uses it.
+struct SidecarCalibration {
+  bool present = false;
+  double max_ppl_increase = 0;  // the target: 0.02 = perplexity at most 2% above dense
+  bool held_out = false;        // the text was not part of what the profile read
+  int64_t n_ctx = 0;
+  int64_t tokens_scored = 0;
+  double dense_ppl = 0;
+  // Per method: the largest target sparsity tried whose perplexity met the target (0 when none
+  // did; then the smallest threshold) and that perplexity (0: not measured). gate_first_* only
+  // when the profile has gate-first statistics.
+  double predicted_sparsity = 0, predicted_ppl = 0;
+  bool gate_first = false;
+  double gate_first_sparsity = 0, gate_first_ppl = 0;
+};
+
 struct Sidecar {
   uint32_t format_version = kSidecarFormatVersion;
   std::string model_identity;
@@ -82,6 +99,7 @@ struct Sidecar {
   double target_sparsity = 0;  // SwiGLU calibration target (magnitude_threshold)
   std::vector<SidecarLayer> layers;
   SidecarPlacement placement;
+  SidecarCalibration calibration;
 };
 
 // Hash of the model file's tensor names, shapes, types and data sizes (hex).

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <functional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/ops/kernels.h"
 #include "offline/sidecar/sidecar.h"
@@ -155,6 +156,21 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
     w.Set(Key("placement.gpu_neurons"),
           Uints(
               s.layers, [](auto& l) { return l.n_gpu; }, GgufValueType::kUint32));
+  }
+  const SidecarCalibration& c = s.calibration;
+  if (c.present) {
+    w.SetFloat32(Key("calibration.max_ppl_increase"), static_cast<float>(c.max_ppl_increase));
+    w.SetBool(Key("calibration.held_out"), c.held_out);
+    w.SetUint32(Key("calibration.context"), static_cast<uint32_t>(c.n_ctx));
+    w.SetUint64(Key("calibration.tokens_scored"), static_cast<uint64_t>(c.tokens_scored));
+    w.SetFloat32(Key("calibration.dense_ppl"), static_cast<float>(c.dense_ppl));
+    w.SetFloat32(Key("calibration.predicted.sparsity"), static_cast<float>(c.predicted_sparsity));
+    w.SetFloat32(Key("calibration.predicted.ppl"), static_cast<float>(c.predicted_ppl));
+    if (c.gate_first) {
+      w.SetFloat32(Key("calibration.gate_first.sparsity"),
+                   static_cast<float>(c.gate_first_sparsity));
+      w.SetFloat32(Key("calibration.gate_first.ppl"), static_cast<float>(c.gate_first_ppl));
+    }
   }
   const int64_t d = s.n_embd, f = s.n_ff;
   for (int64_t l = 0; l < s.n_layer; ++l) {
@@ -337,6 +353,33 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
       if (s.layers[l].n_gpu < 0 || s.layers[l].n_gpu > nf) {
         return Corrupt(path, "placement.gpu_neurons is out of range");
       }
+    }
+  }
+  if (f.Find(Key("calibration.max_ppl_increase")) != nullptr) {
+    SidecarCalibration& c = s.calibration;
+    c.present = true;
+    auto held_out = f.GetBool(Key("calibration.held_out"));
+    auto ctx = num("calibration.context");
+    auto scored = num("calibration.tokens_scored");
+    if (!held_out.ok() || !ctx.ok() || !scored.ok()) return Corrupt(path, "calibration keys");
+    c.held_out = *held_out;
+    c.n_ctx = *ctx;
+    c.tokens_scored = *scored;
+    c.gate_first = f.Find(Key("calibration.gate_first.sparsity")) != nullptr;
+    for (auto [dst, k] : {std::pair{&c.max_ppl_increase, "calibration.max_ppl_increase"},
+                          {&c.dense_ppl, "calibration.dense_ppl"},
+                          {&c.predicted_sparsity, "calibration.predicted.sparsity"},
+                          {&c.predicted_ppl, "calibration.predicted.ppl"},
+                          {&c.gate_first_sparsity, "calibration.gate_first.sparsity"},
+                          {&c.gate_first_ppl, "calibration.gate_first.ppl"}}) {
+      if (!c.gate_first && absl::StrContains(k, "gate_first")) continue;
+      auto v = flt(k);
+      if (!v.ok()) return Corrupt(path, v.status().message());
+      *dst = *v;
+    }
+    if (!(c.max_ppl_increase > 0) || !(c.predicted_sparsity >= 0 && c.predicted_sparsity < 1) ||
+        !(c.gate_first_sparsity >= 0 && c.gate_first_sparsity < 1)) {
+      return Corrupt(path, "calibration keys are out of range");
     }
   }
   std::vector<int32_t> unused_ints;

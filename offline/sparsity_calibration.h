@@ -1,0 +1,67 @@
+// Sparsity for a perplexity target (SwiGLU): per method (predicted, gate-first), the largest
+// target sparsity whose perplexity on a text stays within a relative increase over dense. Each
+// trial builds the engine the sidecar's plan gives at that sparsity (every layer's threshold at
+// its own quantile of the profile, as --target-sparsity sets it at load) and measures it as
+// `perplexity` does, every token through the sparse FFN; a bisection over [0, max_sparsity]
+// keeps the largest level that met the target. The result goes into the sidecar
+// (SidecarCalibration), where loading without --target-sparsity finds it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/llama_model.h"
+#include "engine/util/thread_pool.h"
+#include "offline/sidecar/sidecar.h"
+#include "offline/sparse_source.h"
+#include "offline/util/progress.h"
+
+namespace thermocline::offline {
+
+struct CalibrationOptions {
+  double max_ppl_increase = 0.02;  // relative to dense: 0.02 = at most 2% above
+  int64_t n_ctx = 256;             // perplexity windows (capped at the model's context)
+  int64_t max_windows = 4;         // windows scored per trial (0: every window of the text)
+  double max_sparsity = 0.9;       // the highest level tried
+  int steps = 6;                   // bisection steps below it: resolution max_sparsity / 2^steps
+};
+
+struct CalibrationTrial {
+  double sparsity = 0;
+  double ppl = 0;
+};
+
+struct MethodCalibration {
+  MethodChoice method = MethodChoice::kPredicted;
+  double sparsity = 0;  // the largest level tried that met the target; 0: none did
+  double ppl = 0;       // at `sparsity` (0 when none met the target: not measured)
+  bool met = false;
+  // When no level met the target: the perplexity with every threshold at 0, which the method
+  // loses without dropping anything by magnitude (predicted: the predictors' misses).
+  double floor_ppl = 0;
+  std::vector<CalibrationTrial> trials;  // in the order tried
+};
+
+struct SparsityCalibration {
+  double max_ppl_increase = 0;
+  double dense_ppl = 0;
+  int64_t n_ctx = 0;
+  int64_t tokens_scored = 0;               // per trial
+  std::vector<MethodCalibration> methods;  // predicted; gate-first where the profile allows it
+};
+
+// InvalidArgument for a model whose FFN is not gated by magnitude (the ReLU family fires exact
+// zeros and a mixture of experts is routed: nothing to calibrate), for options out of range, and
+// for a text too short for two windows at the context.
+absl::StatusOr<SparsityCalibration> CalibrateSparsity(const LlamaModel& model,
+                                                      const Sidecar& sidecar,
+                                                      const std::string& text, ThreadPool& pool,
+                                                      const CalibrationOptions& options,
+                                                      ProgressReporter* progress = nullptr);
+
+// Writes the calibration into the sidecar; held_out says the text was unseen by the profile.
+void ApplyCalibration(const SparsityCalibration& calibration, bool held_out, Sidecar& sidecar);
+
+}  // namespace thermocline::offline
