@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/model/activation.h"
 #include "engine/runtime/engine.h"
+#include "engine/runtime/generate.h"
 #include "engine/runtime/perplexity.h"
 
 namespace thermocline::offline {
@@ -158,6 +159,49 @@ absl::StatusOr<SparsityCalibration> CalibrateSparsity(const LlamaModel& model,
     progress->Finish(summary);
   }
   return result;
+}
+
+absl::StatusOr<std::string> SampleCalibrationText(const LlamaModel& model, ThreadPool& pool,
+                                                  int64_t tokens, int64_t n_ctx, uint64_t seed) {
+  n_ctx = std::min(n_ctx, model.hparams().n_ctx_train);
+  if (tokens <= 0 || n_ctx < 2) {
+    return absl::InvalidArgumentError("sampling a calibration text needs tokens and a context");
+  }
+  EngineOptions eo;
+  eo.n_ctx = n_ctx;
+  eo.max_batch = std::min<int64_t>(n_ctx, 64);
+  auto engine = Engine::Create(model, std::nullopt, eo, pool);
+  if (!engine.ok()) return engine.status();
+  auto session = (*engine)->NewSession(&pool);
+  if (!session.ok()) return session.status();
+  const Tokenizer& tok = model.tokenizer();
+  const int32_t bos = tok.bos_id() >= 0 ? tok.bos_id() : 0;
+  std::string text;
+  int64_t sampled = 0;
+  for (uint64_t round = 0; sampled < tokens; ++round) {
+    GenerateOptions go;
+    go.max_tokens = static_cast<int32_t>(n_ctx - 1);
+    go.sampling.temperature = 1.0f;
+    go.sampling.top_k = 0;
+    go.sampling.top_p = 1.0f;
+    go.sampling.min_p = 0.0f;
+    go.sampling.seed = seed + round;
+    Session& s = (*session)->session();
+    s.Reset();
+    std::string story;
+    int64_t n = 0;
+    auto r = Generate(s, {&bos, 1}, go, [&](const GeneratedToken& t) {
+      story.append(t.text);
+      ++n;
+      return TokenAction::kContinue;
+    });
+    if (!r.ok()) return r.status();
+    if (n == 0) return absl::InternalError("sampling a calibration text produced no tokens");
+    if (!text.empty()) text.append("\n\n");
+    text.append(story);
+    sampled += n;
+  }
+  return text;
 }
 
 void ApplyCalibration(const SparsityCalibration& c, bool held_out, Sidecar& sidecar) {

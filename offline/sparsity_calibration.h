@@ -61,6 +61,13 @@ absl::StatusOr<SparsityCalibration> CalibrateSparsity(const LlamaModel& model,
                                                       const CalibrationOptions& options,
                                                       ProgressReporter* progress = nullptr);
 
+// Text for a calibration without a corpus: stories the model samples itself (temperature 1, from
+// BOS, each at most n_ctx - 1 tokens, ended by its end token), joined by blank lines, until
+// they hold about `tokens` tokens. The seed differs from the profile's own sampling, so the
+// text is not what the profile saw.
+absl::StatusOr<std::string> SampleCalibrationText(const LlamaModel& model, ThreadPool& pool,
+                                                  int64_t tokens, int64_t n_ctx, uint64_t seed);
+
 // Writes the calibration into the sidecar; held_out says the text was unseen by the profile.
 void ApplyCalibration(const SparsityCalibration& calibration, bool held_out, Sidecar& sidecar);
 

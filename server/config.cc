@@ -236,6 +236,7 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   reg.Get<std::string>("gpu_memory", &c->gpu_memory);
   reg.Get<std::string>("gpu_layers", &c->gpu_layers);
   reg.Get<int64_t>("profile_tokens", &c->profile_tokens);
+  reg.Get<double>("target_ppl_increase", &c->target_ppl_increase);
   reg.Get<double>("solve_time_limit_s", &c->solve_time_limit_s);
   reg.Get<std::string>("hardware", &c->hardware);
   reg.GetStringList("allowed_paths", &c->allowed_paths);
@@ -315,6 +316,9 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     return KeyError("log.level", "must be one of trace, debug, info, warn, error, critical, off");
   }
   if (!(c->solve_time_limit_s > 0)) return KeyError("registry.solve_time_limit_s", "must be > 0");
+  if (!(c->target_ppl_increase >= 0 && c->target_ppl_increase < 10)) {
+    return KeyError("registry.target_ppl_increase", "must be in [0, 10) (0.02 = +2%; 0: off)");
+  }
   std::set<std::string> names;
   for (ModelConfig& m : c->models) {
     if (m.name.empty()) m.name = std::filesystem::path(m.path).stem().string();

@@ -97,9 +97,12 @@ struct ServerConfig {
   int jobs = 1;           // profiling jobs that run at once
   int64_t model_memory_budget = 0;  // bytes of weights loaded at once (LRU unload); 0 = unlimited
   int64_t profile_tokens = 4096;    // default tokens a job profiles
-  double solve_time_limit_s = 10;   // placement ILP budget per job
-  std::string hardware;             // hardware profile file the placement is solved for; "" =
-                                    // the defaults (RTX 3060 12 GB) with the CPU measured here
+  // SwiGLU models: each job also calibrates the sparsity for this perplexity increase over
+  // dense (offline/sparsity_calibration.h; 0.02 = +2%). 0: off.
+  double target_ppl_increase = 0;
+  double solve_time_limit_s = 10;  // placement ILP budget per job
+  std::string hardware;            // hardware profile file the placement is solved for; "" =
+                                   // the defaults (RTX 3060 12 GB) with the CPU measured here
   // GPU options of registered models that do not set their own (ModelConfig's; `serve
   // --gpu-memory/--gpu-layers` set them too).
   std::string gpu_memory;

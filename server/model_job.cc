@@ -3,13 +3,16 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/activation.h"
 #include "engine/model/llama_model.h"
 #include "engine/util/thread_pool.h"
 #include "offline/pipeline.h"
 #include "offline/sparse_source.h"
+#include "offline/sparsity_calibration.h"
 #include "server/engine_report.h"
 #include "server/model_registry.h"
 #include "spdlog/spdlog.h"
@@ -54,6 +57,53 @@ class JobRun {
   const ModelJobSpec& spec_;
   ModelJobObserver& observer_;
 };
+
+// spec.target_ppl_increase for a SwiGLU model: the calibration on the corpus's unread part (or
+// all of it when too little is left), else on text the model samples; into the sidecar.
+absl::Status Calibrate(const ModelJobSpec& spec, const LlamaModel& model, ThreadPool& pool,
+                       JobRun& run, offline::PipelineResult& piped) {
+  const LlamaHparams& h = model.hparams();
+  if (spec.target_ppl_increase <= 0 || h.is_moe() || GateDecides(h.activation)) {
+    return absl::OkStatus();
+  }
+  offline::CalibrationOptions o;
+  o.max_ppl_increase = spec.target_ppl_increase;
+  o.n_ctx = std::min(o.n_ctx, h.n_ctx_train);
+  std::string text;
+  bool held_out = true;
+  if (!spec.corpus.empty()) {
+    std::ifstream in(spec.corpus, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", spec.corpus));
+    std::stringstream all;
+    all << in.rdbuf();
+    text = all.str();
+    const Tokenizer& tok = model.tokenizer();
+    std::string rest = text.substr(std::min(piped.source.corpus_bytes_read, text.size()));
+    if (static_cast<int64_t>(tok.Encode(rest, tok.add_bos()).size()) >= 2 * o.n_ctx) {
+      text = std::move(rest);
+    } else {
+      held_out = false;
+    }
+  } else {
+    auto sampled = offline::SampleCalibrationText(model, pool, (o.max_windows + 1) * o.n_ctx,
+                                                  o.n_ctx, 1000003);
+    if (!sampled.ok()) return sampled.status();
+    text = *std::move(sampled);
+  }
+  offline::ProgressReporter progress("calibrate", nullptr, [&](const std::string&, double) {
+    return run.Progress(kPredictors, 1.0);
+  });
+  auto c = offline::CalibrateSparsity(model, piped.sidecar, text, pool, o, &progress);
+  if (!c.ok()) return c.status();
+  offline::ApplyCalibration(*c, held_out, piped.sidecar);
+  for (const offline::MethodCalibration& m : c->methods) {
+    spdlog::info(
+        "job '{}': {} at sparsity {:.3f}: ppl {:.4f} (dense {:.4f}, target +{:.2f}%{})", spec.name,
+        m.method == offline::MethodChoice::kGateFirst ? "gate-first" : "predicted", m.sparsity,
+        m.ppl, c->dense_ppl, 100 * o.max_ppl_increase, m.met ? "" : ": no level met it");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status WriteText(const std::string& path, const std::string& text) {
   // Written to a temporary name and renamed: a kill leaves the old file or the new, not half.
@@ -140,6 +190,7 @@ absl::StatusOr<ModelJobResult> RunModelJob(const ModelJobSpec& spec, ModelJobObs
         offline::RunProfilePipeline(**model, fs::path(spec.path).filename().string(), pool, o,
                                     /*progress_out=*/nullptr, callback);
     if (!piped.ok()) return piped.status();
+    if (absl::Status s = Calibrate(spec, **model, pool, run, *piped); !s.ok()) return s;
     if (absl::Status s = WriteSidecarAtomically(piped->sidecar, profiled); !s.ok()) return s;
     if (absl::Status s = WriteText(report_path, offline::ProfileReportJson(*piped).dump(2));
         !s.ok()) {

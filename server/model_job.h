@@ -23,6 +23,8 @@ struct ModelJobSpec {
   std::string activation;  // "" = from the file
   std::string corpus;      // "" = self-generated text
   int64_t profile_tokens = 4096;
+  // SwiGLU models: also calibrate the sparsity for this perplexity increase (0: off).
+  double target_ppl_increase = 0;
   std::string dir;  // the job directory (created when missing)
   offline::HardwareProfile hardware;
   // The cap the placement is solved for: the model's gpu_memory when it has one, else the

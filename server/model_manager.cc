@@ -497,6 +497,7 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
   spec.max_batch = config_.max_batch;
   spec.dir = JobDir(name);
   spec.solve_time_limit_s = config_.solve_time_limit_s;
+  spec.target_ppl_increase = config_.target_ppl_increase;
   spec.threads = config_.threads_per_slot;
   spec.stage_delay_ms = config_.job_stage_delay_ms;
 

@@ -37,7 +37,8 @@ constexpr char kUsage[] =
                             sparsity whose perplexity is at most F above dense (0.02 = +2%);
                             the sidecar keeps it and loading without --target-sparsity uses it
   --calibration-text FILE   text for that (default: the corpus after the part profiled, or the
-                            whole corpus when too little is left)
+                            whole corpus when too little is left; without a corpus, text the
+                            model samples)
   --calibration-ctx N       its perplexity windows (default 256, capped at the model's context)
   --calibration-windows N   windows scored per level tried (default 4; 0: the whole text)
   --seed S                  sampling and training seed (default 1)
@@ -52,12 +53,24 @@ struct CalibrationSource {
 };
 
 // --calibration-text; else the corpus after what the profile read when that holds two windows
-// (held out), else the whole corpus.
+// (held out), else the whole corpus; without a corpus, text the model samples (held out: other
+// seeds than the profile's).
 absl::StatusOr<CalibrationSource> CalibrationText(const Args& args, const LlamaModel& model,
+                                                  ThreadPool& pool,
                                                   const offline::PipelineResult& result,
+                                                  const offline::PipelineOptions& profile,
                                                   const offline::CalibrationOptions& options) {
   CalibrationSource source;
   const bool given = args.Has("--calibration-text");
+  if (!given && !args.Has("--corpus")) {
+    const int64_t windows = options.max_windows > 0 ? options.max_windows : 4;
+    auto text = offline::SampleCalibrationText(model, pool, (windows + 1) * options.n_ctx,
+                                               options.n_ctx, profile.run.seed + 1000003);
+    if (!text.ok()) return text.status();
+    source.text = *std::move(text);
+    source.held_out = true;
+    return source;
+  }
   const std::string path = given ? *args.Get("--calibration-text") : *args.Get("--corpus");
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
@@ -207,12 +220,6 @@ int RunProfile(int argc, char** argv) {
                                              "--calibration-ctx >= 4, --calibration-windows >= 0"),
                   true);
     }
-    if (!args->Has("--corpus") && !args->Has("--calibration-text")) {
-      return Fail("profile",
-                  absl::InvalidArgumentError("--target-ppl-increase measures perplexity on a "
-                                             "text: give --corpus or --calibration-text"),
-                  true);
-    }
     calibration.max_ppl_increase = *ppl_increase;
     calibration.n_ctx = *calibration_ctx;
     calibration.max_windows = *calibration_windows;
@@ -230,7 +237,7 @@ int RunProfile(int argc, char** argv) {
   if (!result.ok()) return Fail("profile", result.status());
   std::optional<offline::SparsityCalibration> calibrated;
   if (calibrate) {
-    auto text = CalibrationText(*args, **model, *result, calibration);
+    auto text = CalibrationText(*args, **model, pool, *result, o, calibration);
     if (!text.ok()) return Fail("profile", text.status());
     offline::ProgressReporter progress("calibrate", args->Has("--quiet") ? nullptr : stderr);
     auto c = offline::CalibrateSparsity(**model, result->sidecar, text->text, pool, calibration,

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "daemon_fixture.h"
+#include "offline/sidecar/sidecar.h"
 #include "registry_test_util.h"
 
 namespace thermocline::testing {
@@ -145,6 +146,41 @@ TEST_CASE("register relu-tiny: job to ready, then served sparse with the dense g
   const std::string metrics = Http(d.port(), "GET", "/metrics").body;
   CHECK(MetricValue(metrics, "thermocline_model_sparse{model=\"relu\"}") == 1);
   CHECK(MetricValue(metrics, "thermocline_model_cpu_neurons{model=\"relu\"}") >= 0);
+}
+
+TEST_CASE("registry.target_ppl_increase: a SwiGLU model's job calibrates its sparsity",
+          "[registry][admin][sparse]") {
+  const std::string model = TestModelPath("stories260K.gguf");
+  if (!std::filesystem::exists(model) || !std::filesystem::exists(ProfileCorpus())) {
+    THERMOCLINE_SKIP("no stories260K model or corpus");
+  }
+  DaemonProcess d("[[models]]\npath = \"" + model +
+                  "\"\nname = \"s-dense\"\nsparse = \"off\"\n[registry]\n"
+                  "target_ppl_increase = 0.03\n");
+  const HttpResponse created = Http(
+      d.port(), "POST", "/admin/models",
+      Post(
+          {{"path", model}, {"name", "s"}, {"corpus", ProfileCorpus()}, {"profile_tokens", 2048}}));
+  INFO(created.body);
+  REQUIRE(created.status == 201);
+  const std::vector<nlohmann::json> events = WatchEvents(d.port(), "s");
+  REQUIRE(!events.empty());
+  const nlohmann::json& last = events.back();
+  INFO(last.dump() << "\nlog:\n" << d.Log());
+  REQUIRE(last["state"] == "ready");
+  CHECK(last["mode"] == "sparse");
+  auto sidecar = offline::ReadSidecar(last["sidecar_path"].get<std::string>());
+  REQUIRE(sidecar.ok());
+  const offline::SidecarCalibration& c = sidecar->calibration;
+  REQUIRE(c.present);
+  CHECK(c.held_out);  // the corpus's part the profile did not read
+  CHECK(c.max_ppl_increase == static_cast<float>(0.03));
+  REQUIRE(c.gate_first);
+  CHECK(c.gate_first_sparsity > 0);
+  CHECK(c.gate_first_ppl <= c.dense_ppl * 1.03 * (1 + 1e-6));
+  CHECK(d.Log().find("job 's': gate-first at sparsity") != std::string::npos);
+  // Served at the calibrated level: a completion works and the text is the model's.
+  CHECK(!GreedyText(d.port(), "s", "Once upon a time").empty());
 }
 
 TEST_CASE("registered models survive a restart", "[registry][admin]") {

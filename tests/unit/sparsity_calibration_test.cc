@@ -260,10 +260,19 @@ TEST_CASE("profile --target-ppl-increase from the command line", "[offline][cli]
   CHECK(std::fabs((1 - ppl["fired"].get<double>()) -
                   cal["methods"]["gate_first"]["sparsity"].get<double>()) <= 0.1);
 
-  r = testing::RunThermocline("profile -m " + model + " --self-generate --tokens 64 -o " + sidecar +
-                              " --target-ppl-increase 0.02");
-  CHECK(r.exit_code != 0);
-  CHECK(r.out.find("give --corpus or --calibration-text") != std::string::npos);
+  // Without a corpus it calibrates on text the model samples.
+  r = testing::RunThermocline("profile -m " + model + " --self-generate --tokens 512 --epochs 1 " +
+                              "-t 2 --quiet -o " + sidecar +
+                              " --target-ppl-increase 0.05 --calibration-ctx 64");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("perplexity target: at most 5.00% above dense") != std::string::npos);
+  CHECK(r.out.find("held-out text") != std::string::npos);
+  auto sampled = offline::ReadSidecar(sidecar);
+  REQUIRE(sampled.ok());
+  CHECK(sampled->calibration.present);
+  CHECK(sampled->calibration.tokens_scored == 4 * 31);  // 4 windows of 64, second halves
+  CHECK(sampled->calibration.gate_first_sparsity > 0);
   r = testing::RunThermocline("profile -m " + model + " --corpus " + corpus + " --tokens 64 -o " +
                               sidecar + " --calibration-ctx 64");
   CHECK(r.exit_code != 0);
