@@ -6,6 +6,8 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace thermocline::offline {
 
@@ -134,6 +136,37 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
       }
       p.device_neurons.assign(s.neuron_order.begin(), s.neuron_order.begin() + s.n_gpu);
     }
+  }
+  if (gated_by_magnitude) {
+    const bool any_gate_first = std::any_of(
+        plan.begin(), plan.end(), [](auto& p) { return p.method == SparseMethod::kGateFirst; });
+    const bool any_predicted = std::any_of(
+        plan.begin(), plan.end(), [](auto& p) { return p.method == SparseMethod::kPredicted; });
+    // calibrated_ppl: the perplexity the calibration measured at that level; 0 when no level
+    // met the target.
+    auto level = [&](const char* name, double s, bool calibrated, double calibrated_ppl) {
+      std::string from = " (the profile's target)";
+      if (target_sparsity > 0) {
+        from = " (asked)";
+      } else if (calibrated) {
+        from = absl::StrFormat(", calibrated for at most +%.2f%% perplexity%s",
+                               100 * cal.max_ppl_increase,
+                               calibrated_ppl > 0 ? "" : " (no level met it)");
+      }
+      return absl::StrFormat("%s at sparsity %.3f%s", name, s, from);
+    };
+    std::vector<std::string> parts;
+    if (any_predicted) {
+      parts.push_back(predicted_sparsity >= 0
+                          ? level("predicted", predicted_sparsity, cal.present, cal.predicted_ppl)
+                          : absl::StrFormat("predicted at the profile's thresholds (sparsity %.3f)",
+                                            sidecar.target_sparsity));
+    }
+    if (any_gate_first) {
+      parts.push_back(level("gate-first", gate_first_sparsity, cal.present && cal.gate_first,
+                            cal.gate_first_ppl));
+    }
+    result.thresholds = absl::StrJoin(parts, "; ");
   }
   result.output_gpu = sidecar.placement.present && sidecar.placement.output_gpu;
   result.placement = SummarizePlacement(sidecar);

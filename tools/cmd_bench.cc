@@ -169,6 +169,11 @@ int BenchHardware(const Args& args) {
   return 0;
 }
 
+// SwiGLU: the sparsity each method runs at and where it comes from.
+void PrintThresholds(const SparsePlan& plan) {
+  if (!plan.thresholds.empty()) std::printf("thresholds: %s\n", plan.thresholds.c_str());
+}
+
 }  // namespace
 
 int RunBench(int argc, char** argv) {
@@ -261,7 +266,10 @@ int RunBench(int argc, char** argv) {
                                        "(--sidecar, or MODEL.thermo.gguf beside the model)"),
             true);
       }
-      if (!args->Has("--json")) std::printf("--sparse-method %s\n", m.c_str());
+      if (!args->Has("--json")) {
+        std::printf("--sparse-method %s\n", m.c_str());
+        PrintThresholds(*(*engine)->sparse_plan());
+      }
       if (int rc = BenchSparse(**dense, **engine, pool, o, args->Has("--json")); rc != 0) return rc;
     }
     return 0;
@@ -275,6 +283,7 @@ int RunBench(int argc, char** argv) {
     // The reference: the same model dense, all on the CPU.
     auto dense = Engine::Create(**model, std::nullopt, engine_options, pool);
     if (!dense.ok()) return Fail("bench", dense.status());
+    if (!args->Has("--json")) PrintThresholds(*(*engine)->sparse_plan());
     return BenchSparse(**dense, **engine, pool, o, args->Has("--json"));
   }
   auto r = BenchModel(**engine, pool, o);

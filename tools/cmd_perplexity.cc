@@ -85,6 +85,7 @@ int RunPerplexity(int argc, char** argv) {
     if (sparse != nullptr) {
       out["predicted_active"] = active(&SparseFfnStats::predicted);
       out["fired"] = active(&SparseFfnStats::fired);
+      out["thresholds"] = (*engine)->sparse_plan()->thresholds;
     }
     std::cout << out.dump(2) << "\n";
   } else {
@@ -94,6 +95,9 @@ int RunPerplexity(int argc, char** argv) {
     if (sparse != nullptr) {
       std::printf("sparse FFN: %.1f%% of neurons predicted active, %.1f%% fired\n",
                   100 * active(&SparseFfnStats::predicted), 100 * active(&SparseFfnStats::fired));
+      if (const SparsePlan* plan = (*engine)->sparse_plan(); !plan->thresholds.empty()) {
+        std::printf("thresholds: %s\n", plan->thresholds.c_str());
+      }
     }
   }
   return 0;

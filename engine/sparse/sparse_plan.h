@@ -87,6 +87,9 @@ struct SparsePlan {
   bool output_gpu = false;              // the placement puts the output head on the GPU
   PlacementSummary placement;
   ProfileSummary profile;
+  // SwiGLU: where the magnitude thresholds come from, for the user ("gate-first at sparsity
+  // 0.253, calibrated for at most +2.00% perplexity"); "" for the ReLU family.
+  std::string thresholds;
 };
 // "sidecar", "powerinfer", "oracle".
 const char* SparseSourceName(SparsePlan::Source source);

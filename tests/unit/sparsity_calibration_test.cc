@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_format.h"
 #include "engine/runtime/perplexity.h"
 #include "model_fixtures.h"
 #include "offline/pipeline.h"
@@ -175,6 +176,13 @@ TEST_CASE("a perplexity target: per method the largest sparsity within it, kept 
       auto asked = offline::SparsePlanFromSidecar(*back, model, m.sparsity, m.method);
       REQUIRE(loaded.ok());
       REQUIRE(asked.ok());
+      // What the user is told: the level and where it comes from.
+      INFO(loaded->thresholds);
+      CHECK(loaded->thresholds.find("calibrated for at most +2.00% perplexity") !=
+            std::string::npos);
+      CHECK(loaded->thresholds.find(gate_first ? "gate-first at sparsity"
+                                               : "predicted at sparsity") == 0);
+      CHECK(asked->thresholds.find("(asked)") != std::string::npos);
       for (size_t l = 0; l < loaded->layers.size(); ++l) {
         CHECK(loaded->layers[l].magnitude_threshold == asked->layers[l].magnitude_threshold);
         CHECK(loaded->layers[l].gate_threshold == asked->layers[l].gate_threshold);
@@ -257,6 +265,9 @@ TEST_CASE("profile --target-ppl-increase from the command line", "[offline][cli]
   REQUIRE(r.exit_code == 0);
   const nlohmann::json ppl = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   CHECK(ppl["sparse"] == true);
+  CHECK(ppl["thresholds"].get<std::string>().find(
+            "gate-first at sparsity " +
+            absl::StrFormat("%.3f", cal["methods"]["gate_first"]["sparsity"].get<double>())) == 0);
   CHECK(std::fabs((1 - ppl["fired"].get<double>()) -
                   cal["methods"]["gate_first"]["sparsity"].get<double>()) <= 0.1);
 
