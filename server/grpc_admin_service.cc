@@ -93,6 +93,7 @@ grpc::Status AdminService::RegisterModel(grpc::ServerContext* context,
   spec.profile_tokens = request->profile_tokens();
   spec.gpu_memory = request->gpu_memory();
   spec.gpu_layers = request->gpu_layers();
+  spec.target_ppl_increase = request->target_ppl_increase();
   if (absl::Status s = paths_.ConfineRegistration(&spec); !s.ok()) return ToGrpcStatus(s);
   auto info = shared_->admin->Register(spec);
   if (!info.ok()) return ToGrpcStatus(info.status());

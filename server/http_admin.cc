@@ -31,8 +31,9 @@ absl::Status OptionalString(const json& body, const char* key, std::string* out)
 }
 
 absl::StatusOr<RegisterSpec> SpecFromJson(const json& body) {
-  static const char* const kKnown[] = {"path",           "name",       "activation", "corpus",
-                                       "profile_tokens", "gpu_memory", "gpu_layers"};
+  static const char* const kKnown[] = {
+      "path",           "name",       "activation", "corpus",
+      "profile_tokens", "gpu_memory", "gpu_layers", "target_ppl_increase"};
   for (const auto& [key, value] : body.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
@@ -40,7 +41,8 @@ absl::StatusOr<RegisterSpec> SpecFromJson(const json& body) {
       return InvalidRequest(key, "unknown_parameter",
                             absl::StrCat("unknown field '", key,
                                          "'; known: path, name, activation, corpus, "
-                                         "profile_tokens, gpu_memory, gpu_layers"));
+                                         "profile_tokens, gpu_memory, gpu_layers, "
+                                         "target_ppl_increase"));
     }
   }
   RegisterSpec spec;
@@ -70,6 +72,13 @@ absl::StatusOr<RegisterSpec> SpecFromJson(const json& body) {
                             "'profile_tokens' must be an integer");
     }
     spec.profile_tokens = body["profile_tokens"].get<int64_t>();
+  }
+  if (body.contains("target_ppl_increase") && !body["target_ppl_increase"].is_null()) {
+    if (!body["target_ppl_increase"].is_number()) {
+      return InvalidRequest("target_ppl_increase", "invalid_type",
+                            "'target_ppl_increase' must be a number (0.02 = +2%)");
+    }
+    spec.target_ppl_increase = body["target_ppl_increase"].get<double>();
   }
   return spec;
 }

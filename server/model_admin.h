@@ -21,10 +21,12 @@ namespace thermocline::server {
 // "silu"; "" = from the file), `corpus` (a text file to profile on; "" = the model samples its
 // own text) and `profile_tokens` (0 = the pipeline's default) are optional.
 // `gpu_memory` ("8G") and `gpu_layers` ("auto", a count) are the GPU options of ModelConfig
-// ("" = the daemon's defaults, `serve --gpu-memory/--gpu-layers`).
+// ("" = the daemon's defaults, `serve --gpu-memory/--gpu-layers`). `target_ppl_increase` (a
+// SwiGLU model's job calibrates its sparsity for it; 0 = `registry.target_ppl_increase`).
 struct RegisterSpec {
   std::string path, name, activation, corpus;
   int64_t profile_tokens = 0;
+  double target_ppl_increase = 0;
   std::string gpu_memory, gpu_layers;
 };
 

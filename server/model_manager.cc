@@ -278,6 +278,11 @@ absl::StatusOr<ModelInfo> ModelManager::Register(const RegisterSpec& spec) {
     return InvalidRequest("profile_tokens", "invalid_value",
                           "'profile_tokens' must be in [0, 2^30] (0: the daemon's default)");
   }
+  if (!(spec.target_ppl_increase >= 0 && spec.target_ppl_increase < 10)) {
+    return InvalidRequest("target_ppl_increase", "invalid_value",
+                          "'target_ppl_increase' must be in [0, 10) (0.02 = +2%; 0: the "
+                          "daemon's default)");
+  }
   std::error_code ec;
   std::string corpus;
   if (!spec.corpus.empty()) {
@@ -311,6 +316,7 @@ absl::StatusOr<ModelInfo> ModelManager::Register(const RegisterSpec& spec) {
   r.profile_tokens = spec.profile_tokens > 0 ? spec.profile_tokens : config_.profile_tokens;
   r.gpu_memory = spec.gpu_memory;
   r.gpu_layers = spec.gpu_layers;
+  r.target_ppl_increase = spec.target_ppl_increase;
   r.created_at = r.updated_at = Now();
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -488,6 +494,7 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     spec.activation = e->record.activation;
     spec.corpus = e->record.corpus;
     spec.profile_tokens = e->record.profile_tokens;
+    spec.target_ppl_increase = e->record.target_ppl_increase;
     // Solved for the cap it will run under.
     const ModelConfig served = ServedConfig(e->record, config_);
     int64_t ignored = 0;
@@ -497,7 +504,7 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
   spec.max_batch = config_.max_batch;
   spec.dir = JobDir(name);
   spec.solve_time_limit_s = config_.solve_time_limit_s;
-  spec.target_ppl_increase = config_.target_ppl_increase;
+  if (spec.target_ppl_increase <= 0) spec.target_ppl_increase = config_.target_ppl_increase;
   spec.threads = config_.threads_per_slot;
   spec.stage_delay_ms = config_.job_stage_delay_ms;
 

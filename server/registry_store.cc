@@ -18,7 +18,8 @@ namespace thermocline::server {
 namespace {
 
 // 2: gpu_memory and gpu_layers (the registration's GPU options).
-constexpr int kSchemaVersion = 2;
+// 3: target_ppl_increase (the registration's perplexity target).
+constexpr int kSchemaVersion = 3;
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS models (
   name TEXT PRIMARY KEY NOT NULL,
@@ -38,16 +39,19 @@ CREATE TABLE IF NOT EXISTS models (
   created_at INTEGER NOT NULL,
   updated_at INTEGER NOT NULL,
   gpu_memory TEXT NOT NULL DEFAULT '',
-  gpu_layers TEXT NOT NULL DEFAULT ''
+  gpu_layers TEXT NOT NULL DEFAULT '',
+  target_ppl_increase REAL NOT NULL DEFAULT 0
 );
 )sql";
 constexpr char kAddGpuColumns[] =
     "ALTER TABLE models ADD COLUMN gpu_memory TEXT NOT NULL DEFAULT '';"
     "ALTER TABLE models ADD COLUMN gpu_layers TEXT NOT NULL DEFAULT '';";
+constexpr char kAddPplColumn[] =
+    "ALTER TABLE models ADD COLUMN target_ppl_increase REAL NOT NULL DEFAULT 0;";
 constexpr char kColumns[] =
     "name, path, file_size, file_mtime, file_hash, activation, corpus, profile_tokens, state, "
     "stage, sidecar_path, placement_json, report_json, last_error, created_at, updated_at, "
-    "gpu_memory, gpu_layers";
+    "gpu_memory, gpu_layers, target_ppl_increase";
 
 // Storage failures (a full disk, a read-only or vanished state directory, a lock held too long)
 // are the machine's state, not a bug: 503 registry_unavailable with what to fix. Others are
@@ -208,6 +212,9 @@ absl::StatusOr<std::unique_ptr<RegistryStore>> RegistryStore::Open(const std::st
   if (version == 1) {
     if (absl::Status s = store->Exec(kAddGpuColumns); !s.ok()) return s;
   }
+  if (version == 1 || version == 2) {
+    if (absl::Status s = store->Exec(kAddPplColumn); !s.ok()) return s;
+  }
   if (version < kSchemaVersion) {
     if (absl::Status s =
             store->Exec(absl::StrCat("PRAGMA user_version=", kSchemaVersion, ";").c_str());
@@ -262,6 +269,7 @@ absl::StatusOr<std::vector<ModelRecord>> RegistryStore::LoadAll() {
     r.updated_at = sqlite3_column_int64(s.stmt, i++);
     r.gpu_memory = ColumnText(s.stmt, i++);
     r.gpu_layers = ColumnText(s.stmt, i++);
+    r.target_ppl_increase = sqlite3_column_double(s.stmt, i++);
     if (!ParseModelState(state)) {
       r.last_error = absl::StrCat("registry.db holds an unknown state '", state, "'");
     }
@@ -287,14 +295,15 @@ absl::Status RegistryStore::Write(const ModelRecord& r, bool insert) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement s;
   const std::string sql =
-      insert ? absl::StrCat(
-                   "INSERT INTO models (", kColumns,
-                   ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18);")
+      insert ? absl::StrCat("INSERT INTO models (", kColumns,
+                            ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,"
+                            "?18,?19);")
              : std::string(
                    "UPDATE models SET path=?2, file_size=?3, file_mtime=?4, file_hash=?5, "
                    "activation=?6, corpus=?7, profile_tokens=?8, state=?9, stage=?10, "
                    "sidecar_path=?11, placement_json=?12, report_json=?13, last_error=?14, "
-                   "created_at=?15, updated_at=?16, gpu_memory=?17, gpu_layers=?18 WHERE name=?1;");
+                   "created_at=?15, updated_at=?16, gpu_memory=?17, gpu_layers=?18, "
+                   "target_ppl_increase=?19 WHERE name=?1;");
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &s.stmt, nullptr) != SQLITE_OK) {
     return SqlError(db_, "preparing a write");
   }
@@ -321,6 +330,7 @@ absl::Status RegistryStore::Write(const ModelRecord& r, bool insert) {
   integer(r.updated_at);
   text(r.gpu_memory);
   text(r.gpu_layers);
+  sqlite3_bind_double(s.stmt, i++, r.target_ppl_increase);
   const int rc = sqlite3_step(s.stmt);
   if (insert && rc == SQLITE_CONSTRAINT) {
     return absl::AlreadyExistsError(absl::StrCat("a model named '", r.name, "' already exists"));

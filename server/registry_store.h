@@ -46,8 +46,9 @@ struct ModelRecord {
   std::string last_error;
   int64_t created_at = 0;
   int64_t updated_at = 0;
-  std::string gpu_memory;  // ModelConfig::gpu_memory of the registration; "" = the daemon's
-  std::string gpu_layers;  // ModelConfig::gpu_layers of the registration; "" = the daemon's
+  std::string gpu_memory;          // ModelConfig::gpu_memory of the registration; "" = the daemon's
+  std::string gpu_layers;          // ModelConfig::gpu_layers of the registration; "" = the daemon's
+  double target_ppl_increase = 0;  // SwiGLU calibration target; 0 = the daemon's
 };
 
 class RegistryStore {

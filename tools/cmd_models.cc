@@ -23,11 +23,13 @@ using nlohmann::json;
 
 constexpr char kUsage[] = R"(usage: thermocline models <verb> [options]
   register PATH [--name N] [--activation relu|drelu|silu] [--corpus FILE]
-           [--profile-tokens N] [--gpu-memory BYTES] [--gpu-layers N|auto] [--wait]
+           [--profile-tokens N] [--gpu-memory BYTES] [--gpu-layers N|auto]
+           [--target-ppl-increase F] [--wait]
                            register a GGUF model; the daemon profiles it, trains its predictors
                            and places its neurons in the background (--wait follows the progress
                            and exits 1 if the job fails); --gpu-memory / --gpu-layers: its GPU
-                           options (default: the daemon's)
+                           options (default: the daemon's); --target-ppl-increase: a SwiGLU
+                           model's sparsity calibrated for at most F over dense (0.02 = +2%)
   list [--json]            the registered models: NAME STATE STAGE MODE PATH
   show NAME [--json]       every field of one model
   rm NAME...               delete models from the registry (their files stay)
@@ -165,6 +167,11 @@ int Register(DaemonClient* client, const Args& args) {
     }
     body["profile_tokens"] = *n;
   }
+  if (args.Has("--target-ppl-increase")) {
+    auto f = args.GetDouble("--target-ppl-increase", 0);
+    if (!f.ok()) return Fail("models register", f.status(), /*usage=*/true);
+    body["target_ppl_increase"] = *f;  // the daemon checks the range
+  }
   auto model = client->Call("POST", "/admin/models", body);
   if (!model.ok()) return ClientFail(model.status());
   name = Str(*model, "name").empty() ? name : Str(*model, "name");
@@ -274,8 +281,8 @@ int Remove(DaemonClient* client, const Args& args) {
 
 int RunModels(int argc, char** argv) {
   std::set<std::string> value_flags = kDaemonFlags;
-  value_flags.insert(
-      {"--name", "--activation", "--corpus", "--profile-tokens", "--gpu-memory", "--gpu-layers"});
+  value_flags.insert({"--name", "--activation", "--corpus", "--profile-tokens", "--gpu-memory",
+                      "--gpu-layers", "--target-ppl-increase"});
   auto args = Args::Parse(argc, argv, value_flags, {"--help", "--wait", "--json"},
                           {{"-h", "--help"}, {"-n", "--name"}});
   if (!args.ok()) return Fail("models", args.status(), /*usage=*/true);

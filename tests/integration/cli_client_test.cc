@@ -288,6 +288,12 @@ TEST_CASE("cli models: register --wait, list, show, rm", "[server][cli]") {
   r = RunThermocline("models rm relu" + port);
   CHECK(r.exit_code == 1);
 
+  // --target-ppl-increase goes to the daemon, which checks it and names the field.
+  r = RunThermocline("models register " + relu + " --name relu-ppl --target-ppl-increase 20" +
+                     port);
+  CHECK(r.exit_code == 1);
+  CHECK(r.out.find("'target_ppl_increase' must be in [0, 10)") != std::string::npos);
+
   // A file that is not there fails at registration or in its job: exit 1 with a reason.
   r = RunThermocline("models register " + (TempDir() / "missing.gguf").string() + " --wait" + port);
   CHECK(r.exit_code == 1);

@@ -1,6 +1,8 @@
 // The SQLite registry store (server/registry_store.h) and file identities, without a daemon.
 #include "server/registry_store.h"
 
+#include <sqlite3.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -37,6 +39,7 @@ TEST_CASE("registry store: rows round-trip and persist across reopening", "[regi
     a.state = ModelState::kReady;
     a.gpu_memory = "8G";
     a.gpu_layers = "auto";
+    a.target_ppl_increase = 0.025;
     a.stage = "done";
     a.sidecar_path = "/state/a.thermo.gguf";
     a.placement_json = R"({"gpu_neurons":1})";
@@ -61,6 +64,7 @@ TEST_CASE("registry store: rows round-trip and persist across reopening", "[regi
   CHECK(a.state == ModelState::kReady);
   CHECK(a.gpu_memory == "8G");
   CHECK(a.gpu_layers == "auto");
+  CHECK(a.target_ppl_increase == 0.025);
   CHECK(a.stage == "done");
   CHECK(a.sidecar_path == "/state/a.thermo.gguf");
   CHECK(a.placement_json == R"({"gpu_neurons":1})");
@@ -71,6 +75,7 @@ TEST_CASE("registry store: rows round-trip and persist across reopening", "[regi
   CHECK((*rows)[1].name == "b");
   CHECK((*rows)[1].state == ModelState::kRegistered);
   CHECK((*rows)[1].gpu_memory.empty());
+  CHECK((*rows)[1].target_ppl_increase == 0);
 
   REQUIRE((*store)->Delete("a").ok());
   CHECK((*store)->Delete("a").code() == absl::StatusCode::kNotFound);
@@ -78,6 +83,46 @@ TEST_CASE("registry store: rows round-trip and persist across reopening", "[regi
   REQUIRE(rows.ok());
   CHECK(rows->size() == 1);
   CHECK(std::filesystem::exists(std::filesystem::path(dir) / "registry.db"));
+}
+
+TEST_CASE("registry store: a schema 2 registry gains the perplexity target, its rows kept",
+          "[registry][store]") {
+  const std::string dir = (TempDir() / "store-schema2").string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {  // registry.db as the previous schema wrote it
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir + "/registry.db").c_str(), &db) == SQLITE_OK);
+    const char* v2 =
+        "CREATE TABLE models (name TEXT PRIMARY KEY NOT NULL, path TEXT NOT NULL, file_size "
+        "INTEGER NOT NULL, file_mtime INTEGER NOT NULL, file_hash TEXT NOT NULL, activation TEXT "
+        "NOT NULL, corpus TEXT NOT NULL, profile_tokens INTEGER NOT NULL, state TEXT NOT NULL, "
+        "stage TEXT NOT NULL, sidecar_path TEXT NOT NULL, placement_json TEXT NOT NULL, "
+        "report_json TEXT NOT NULL, last_error TEXT NOT NULL, created_at INTEGER NOT NULL, "
+        "updated_at INTEGER NOT NULL, gpu_memory TEXT NOT NULL DEFAULT '', gpu_layers TEXT NOT "
+        "NULL DEFAULT '');"
+        "INSERT INTO models VALUES ('old', '/m/old.gguf', 1, 2, 'ab', '', '', 64, 'ready', "
+        "'done', '/s/old.thermo.gguf', '', '', '', 5, 6, '4G', '');"
+        "PRAGMA user_version=2;";
+    REQUIRE(sqlite3_exec(db, v2, nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto store = RegistryStore::Open(dir);
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  auto rows = (*store)->LoadAll();
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 1);
+  ModelRecord old = (*rows)[0];
+  CHECK(old.name == "old");
+  CHECK(old.gpu_memory == "4G");
+  CHECK(old.sidecar_path == "/s/old.thermo.gguf");
+  CHECK(old.target_ppl_increase == 0);
+  old.target_ppl_increase = 0.01;
+  REQUIRE((*store)->Update(old).ok());
+  rows = (*store)->LoadAll();
+  REQUIRE(rows.ok());
+  CHECK((*rows)[0].target_ppl_increase == 0.01);
 }
 
 TEST_CASE("registry store: an unusable state directory is a clear error", "[registry][store]") {

@@ -183,6 +183,33 @@ TEST_CASE("registry.target_ppl_increase: a SwiGLU model's job calibrates its spa
   CHECK(d.Log().find("job 's': gate-first at sparsity") != std::string::npos);
   // Served at the calibrated level: a completion works and the text is the model's.
   CHECK(!GreedyText(d.port(), "s", "Once upon a time").empty());
+
+  // A registration's own target wins over the daemon's; out of range is refused.
+  const HttpResponse own = Http(d.port(), "POST", "/admin/models",
+                                Post({{"path", model},
+                                      {"name", "s2"},
+                                      {"corpus", ProfileCorpus()},
+                                      {"profile_tokens", 2048},
+                                      {"target_ppl_increase", 0.06}}));
+  INFO(own.body);
+  REQUIRE(own.status == 201);
+  const std::vector<nlohmann::json> events2 = WatchEvents(d.port(), "s2");
+  REQUIRE(!events2.empty());
+  REQUIRE(events2.back()["state"] == "ready");
+  auto sidecar2 = offline::ReadSidecar(events2.back()["sidecar_path"].get<std::string>());
+  REQUIRE(sidecar2.ok());
+  CHECK(sidecar2->calibration.max_ppl_increase == static_cast<float>(0.06));
+  // A looser target allows at least the sparsity of the tighter one.
+  CHECK(sidecar2->calibration.gate_first_sparsity >= c.gate_first_sparsity);
+  for (const nlohmann::json& bad :
+       {nlohmann::json(-0.01), nlohmann::json(10), nlohmann::json("x")}) {
+    const HttpResponse r =
+        Http(d.port(), "POST", "/admin/models",
+             Post({{"path", model}, {"name", "s3"}, {"target_ppl_increase", bad}}));
+    INFO(r.body);
+    CHECK(r.status == 400);
+    CHECK(r.body.find("target_ppl_increase") != std::string::npos);
+  }
 }
 
 TEST_CASE("registered models survive a restart", "[registry][admin]") {
