@@ -1,7 +1,9 @@
 #include "offline/sparsity_calibration.h"
 
 #include <algorithm>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -202,6 +204,40 @@ absl::StatusOr<std::string> SampleCalibrationText(const LlamaModel& model, Threa
     sampled += n;
   }
   return text;
+}
+
+absl::StatusOr<CalibrationText> ChooseCalibrationText(const LlamaModel& model, ThreadPool& pool,
+                                                      const std::string& text_path,
+                                                      const std::string& corpus_path,
+                                                      size_t corpus_bytes_read,
+                                                      const CalibrationOptions& options,
+                                                      uint64_t seed) {
+  CalibrationText chosen;
+  const int64_t n_ctx = std::min(options.n_ctx, model.hparams().n_ctx_train);
+  if (text_path.empty() && corpus_path.empty()) {
+    const int64_t windows = options.max_windows > 0 ? options.max_windows : 4;
+    auto text = SampleCalibrationText(model, pool, (windows + 1) * n_ctx, n_ctx, seed);
+    if (!text.ok()) return text.status();
+    chosen.text = *std::move(text);
+    chosen.held_out = true;
+    return chosen;
+  }
+  const std::string& path = text_path.empty() ? corpus_path : text_path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream all;
+  all << in.rdbuf();
+  chosen.text = all.str();
+  chosen.held_out = !text_path.empty();
+  if (text_path.empty() && corpus_bytes_read < chosen.text.size()) {
+    std::string rest = chosen.text.substr(corpus_bytes_read);
+    const Tokenizer& tok = model.tokenizer();
+    if (static_cast<int64_t>(tok.Encode(rest, tok.add_bos()).size()) >= 2 * n_ctx) {
+      chosen.text = std::move(rest);
+      chosen.held_out = true;
+    }
+  }
+  return chosen;
 }
 
 void ApplyCalibration(const SparsityCalibration& c, bool held_out, Sidecar& sidecar) {

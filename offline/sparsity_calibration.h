@@ -68,6 +68,22 @@ absl::StatusOr<SparsityCalibration> CalibrateSparsity(const LlamaModel& model,
 absl::StatusOr<std::string> SampleCalibrationText(const LlamaModel& model, ThreadPool& pool,
                                                   int64_t tokens, int64_t n_ctx, uint64_t seed);
 
+struct CalibrationText {
+  std::string text;
+  bool held_out = false;  // unseen by the profile
+};
+
+// The text a calibration measures on: the file at text_path when given (held out); else the
+// corpus after the corpus_bytes_read bytes the profile read, when that holds two windows at the
+// context (held out), else the whole corpus (not held out); without either (both ""), stories
+// the model samples with `seed` (held out). NotFound naming a file that cannot be read.
+absl::StatusOr<CalibrationText> ChooseCalibrationText(const LlamaModel& model, ThreadPool& pool,
+                                                      const std::string& text_path,
+                                                      const std::string& corpus_path,
+                                                      size_t corpus_bytes_read,
+                                                      const CalibrationOptions& options,
+                                                      uint64_t seed);
+
 // Writes the calibration into the sidecar; held_out says the text was unseen by the profile.
 void ApplyCalibration(const SparsityCalibration& calibration, bool held_out, Sidecar& sidecar);
 

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -69,33 +68,19 @@ absl::Status Calibrate(const ModelJobSpec& spec, const LlamaModel& model, Thread
   offline::CalibrationOptions o;
   o.max_ppl_increase = spec.target_ppl_increase;
   o.n_ctx = std::min(o.n_ctx, h.n_ctx_train);
-  std::string text;
-  bool held_out = true;
-  if (!spec.corpus.empty()) {
-    std::ifstream in(spec.corpus, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", spec.corpus));
-    std::stringstream all;
-    all << in.rdbuf();
-    text = all.str();
-    const Tokenizer& tok = model.tokenizer();
-    std::string rest = text.substr(std::min(piped.source.corpus_bytes_read, text.size()));
-    if (static_cast<int64_t>(tok.Encode(rest, tok.add_bos()).size()) >= 2 * o.n_ctx) {
-      text = std::move(rest);
-    } else {
-      held_out = false;
-    }
-  } else {
-    auto sampled = offline::SampleCalibrationText(model, pool, (o.max_windows + 1) * o.n_ctx,
-                                                  o.n_ctx, 1000003);
-    if (!sampled.ok()) return sampled.status();
-    text = *std::move(sampled);
+  auto text = offline::ChooseCalibrationText(model, pool, "", spec.corpus,
+                                             piped.source.corpus_bytes_read, o, 1000003);
+  if (!text.ok()) return text.status();
+  if (!text->held_out) {
+    spdlog::warn("job '{}': calibrating on the profiled corpus itself (too little of it is left)",
+                 spec.name);
   }
   offline::ProgressReporter progress("calibrate", nullptr, [&](const std::string&, double) {
     return run.Progress(kPredictors, 1.0);
   });
-  auto c = offline::CalibrateSparsity(model, piped.sidecar, text, pool, o, &progress);
+  auto c = offline::CalibrateSparsity(model, piped.sidecar, text->text, pool, o, &progress);
   if (!c.ok()) return c.status();
-  offline::ApplyCalibration(*c, held_out, piped.sidecar);
+  offline::ApplyCalibration(*c, text->held_out, piped.sidecar);
   for (const offline::MethodCalibration& m : c->methods) {
     spdlog::info(
         "job '{}': {} at sparsity {:.3f}: ppl {:.4f} (dense {:.4f}, target +{:.2f}%{})", spec.name,

@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "offline/pipeline.h"
@@ -46,54 +45,6 @@ constexpr char kUsage[] =
   --activation A            override the FFN activation: silu | relu | drelu
   --quiet                   no progress output
 )";
-
-struct CalibrationSource {
-  std::string text;
-  bool held_out = false;
-};
-
-// --calibration-text; else the corpus after what the profile read when that holds two windows
-// (held out), else the whole corpus; without a corpus, text the model samples (held out: other
-// seeds than the profile's).
-absl::StatusOr<CalibrationSource> CalibrationText(const Args& args, const LlamaModel& model,
-                                                  ThreadPool& pool,
-                                                  const offline::PipelineResult& result,
-                                                  const offline::PipelineOptions& profile,
-                                                  const offline::CalibrationOptions& options) {
-  CalibrationSource source;
-  const bool given = args.Has("--calibration-text");
-  if (!given && !args.Has("--corpus")) {
-    const int64_t windows = options.max_windows > 0 ? options.max_windows : 4;
-    auto text = offline::SampleCalibrationText(model, pool, (windows + 1) * options.n_ctx,
-                                               options.n_ctx, profile.run.seed + 1000003);
-    if (!text.ok()) return text.status();
-    source.text = *std::move(text);
-    source.held_out = true;
-    return source;
-  }
-  const std::string path = given ? *args.Get("--calibration-text") : *args.Get("--corpus");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream all;
-  all << in.rdbuf();
-  source.text = all.str();
-  source.held_out = given;
-  const Tokenizer& tok = model.tokenizer();
-  const int64_t need = 2 * std::min(options.n_ctx, model.hparams().n_ctx_train);
-  if (!given && result.source.corpus_bytes_read < source.text.size()) {
-    std::string rest = source.text.substr(result.source.corpus_bytes_read);
-    if (static_cast<int64_t>(tok.Encode(rest, tok.add_bos()).size()) >= need) {
-      source.text = std::move(rest);
-      source.held_out = true;
-    }
-  }
-  if (!source.held_out) {
-    std::fprintf(stderr,
-                 "thermocline profile: calibrating on the profiled corpus itself (too little of "
-                 "it is left unread): the perplexity target is met on seen text\n");
-  }
-  return source;
-}
 
 void PrintCalibration(const offline::SparsityCalibration& c, bool held_out) {
   std::printf(
@@ -237,8 +188,15 @@ int RunProfile(int argc, char** argv) {
   if (!result.ok()) return Fail("profile", result.status());
   std::optional<offline::SparsityCalibration> calibrated;
   if (calibrate) {
-    auto text = CalibrationText(*args, **model, pool, *result, o, calibration);
+    auto text = offline::ChooseCalibrationText(**model, pool, args->GetOr("--calibration-text", ""),
+                                               o.run.corpus_path, result->source.corpus_bytes_read,
+                                               calibration, o.run.seed + 1000003);
     if (!text.ok()) return Fail("profile", text.status());
+    if (!text->held_out) {
+      std::fprintf(stderr,
+                   "thermocline profile: calibrating on the profiled corpus itself (too little "
+                   "of it is left unread): the perplexity target is met on seen text\n");
+    }
     offline::ProgressReporter progress("calibrate", args->Has("--quiet") ? nullptr : stderr);
     auto c = offline::CalibrateSparsity(**model, result->sidecar, text->text, pool, calibration,
                                         &progress);
