@@ -51,6 +51,18 @@ absl::StatusOr<MethodChoice> ParseSparseMethod(const std::string& text, const st
       absl::StrCat(what, " ", text, ": use auto, predicted or gate-first"));
 }
 
+const char* MethodChoiceName(MethodChoice method) {
+  switch (method) {
+    case MethodChoice::kAuto:
+      return "auto";
+    case MethodChoice::kPredicted:
+      return "predicted";
+    case MethodChoice::kGateFirst:
+      return "gate-first";
+  }
+  return "?";
+}
+
 absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const LlamaModel& model,
                                                  double target_sparsity, MethodChoice method) {
   if (absl::Status s = CheckSidecarMatches(sidecar, model); !s.ok()) return s;

@@ -29,6 +29,8 @@ absl::StatusOr<SparseMode> ParseSparseMode(const std::string& text, const std::s
 enum class MethodChoice { kAuto, kPredicted, kGateFirst };
 // "auto", "predicted", "gate-first"; InvalidArgument naming `what` otherwise.
 absl::StatusOr<MethodChoice> ParseSparseMethod(const std::string& text, const std::string& what);
+// The name ParseSparseMethod reads.
+const char* MethodChoiceName(MethodChoice method);
 
 struct SparseRequest {
   SparseMode mode = SparseMode::kAuto;

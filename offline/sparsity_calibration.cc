@@ -105,7 +105,7 @@ absl::StatusOr<SparsityCalibration> CalibrateSparsity(const LlamaModel& model,
   for (MethodChoice method : methods) {
     MethodCalibration& m = result.methods.emplace_back();
     m.method = method;
-    const char* name = method == MethodChoice::kGateFirst ? "gate-first" : "predicted";
+    const char* name = MethodChoiceName(method);
     auto measure = [&](double s) -> absl::StatusOr<double> {
       auto plan = SparsePlanFromSidecar(sidecar, model, s, method);
       if (!plan.ok()) return plan.status();
@@ -153,9 +153,7 @@ absl::StatusOr<SparsityCalibration> CalibrateSparsity(const LlamaModel& model,
   if (progress != nullptr) {
     std::string summary = absl::StrFormat("dense %.4f", result.dense_ppl);
     for (const MethodCalibration& m : result.methods) {
-      absl::StrAppend(&summary, absl::StrFormat(", %s %.3f (%.4f)",
-                                                m.method == MethodChoice::kGateFirst ? "gate-first"
-                                                                                     : "predicted",
+      absl::StrAppend(&summary, absl::StrFormat(", %s %.3f (%.4f)", MethodChoiceName(m.method),
                                                 m.sparsity, m.ppl));
     }
     progress->Finish(summary);

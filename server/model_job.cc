@@ -67,7 +67,6 @@ absl::Status Calibrate(const ModelJobSpec& spec, const LlamaModel& model, Thread
   }
   offline::CalibrationOptions o;
   o.max_ppl_increase = spec.target_ppl_increase;
-  o.n_ctx = std::min(o.n_ctx, h.n_ctx_train);
   auto text = offline::ChooseCalibrationText(model, pool, "", spec.corpus,
                                              piped.source.corpus_bytes_read, o, 1000003);
   if (!text.ok()) return text.status();
@@ -82,10 +81,9 @@ absl::Status Calibrate(const ModelJobSpec& spec, const LlamaModel& model, Thread
   if (!c.ok()) return c.status();
   offline::ApplyCalibration(*c, text->held_out, piped.sidecar);
   for (const offline::MethodCalibration& m : c->methods) {
-    spdlog::info(
-        "job '{}': {} at sparsity {:.3f}: ppl {:.4f} (dense {:.4f}, target +{:.2f}%{})", spec.name,
-        m.method == offline::MethodChoice::kGateFirst ? "gate-first" : "predicted", m.sparsity,
-        m.ppl, c->dense_ppl, 100 * o.max_ppl_increase, m.met ? "" : ": no level met it");
+    spdlog::info("job '{}': {} at sparsity {:.3f}: ppl {:.4f} (dense {:.4f}, target +{:.2f}%{})",
+                 spec.name, offline::MethodChoiceName(m.method), m.sparsity, m.ppl, c->dense_ppl,
+                 100 * o.max_ppl_increase, m.met ? "" : ": no level met it");
   }
   return absl::OkStatus();
 }

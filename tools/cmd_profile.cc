@@ -53,7 +53,7 @@ void PrintCalibration(const offline::SparsityCalibration& c, bool held_out) {
       100 * c.max_ppl_increase, c.dense_ppl, static_cast<long long>(c.tokens_scored),
       static_cast<long long>(c.n_ctx), held_out ? "held-out" : "profiled");
   for (const offline::MethodCalibration& m : c.methods) {
-    const char* name = m.method == offline::MethodChoice::kGateFirst ? "gate-first" : "predicted";
+    const char* name = offline::MethodChoiceName(m.method);
     if (m.met) {
       std::printf("  %-10s sparsity %.3f: ppl %.4f (%+.2f%%)\n", name, m.sparsity, m.ppl,
                   100 * (m.ppl / c.dense_ppl - 1));

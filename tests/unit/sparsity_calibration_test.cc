@@ -42,9 +42,7 @@ double Perplexity(const LlamaModel& model, std::optional<SparsePlan> plan, Threa
   return r->ppl;
 }
 
-const char* Name(offline::MethodChoice m) {
-  return m == offline::MethodChoice::kGateFirst ? "gate-first" : "predicted";
-}
+const char* Name(offline::MethodChoice m) { return offline::MethodChoiceName(m); }
 
 TEST_CASE("a perplexity target: per method the largest sparsity within it, kept by the sidecar",
           "[sparse][offline]") {
