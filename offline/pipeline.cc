@@ -180,6 +180,21 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
         {"max_ppl_increase", c.max_ppl_increase}, {"held_out", c.held_out},   {"context", c.n_ctx},
         {"tokens_scored", c.tokens_scored},       {"dense_ppl", c.dense_ppl}, {"methods", methods}};
   }
+  if (const SidecarSpeed& s = r.sidecar.speed; s.present) {
+    nlohmann::json methods = nlohmann::json::object();
+    if (s.predicted_tokens_per_s > 0) {
+      methods["predicted"] = {{"sparsity", s.predicted_sparsity},
+                              {"tokens_per_s", s.predicted_tokens_per_s}};
+    }
+    if (s.gate_first_tokens_per_s > 0) {
+      methods["gate_first"] = {{"sparsity", s.gate_first_sparsity},
+                               {"tokens_per_s", s.gate_first_tokens_per_s}};
+    }
+    report["speed_check"] = {{"cpu", s.cpu},
+                             {"threads", s.threads},
+                             {"dense_tokens_per_s", s.dense_tokens_per_s},
+                             {"methods", methods}};
+  }
   return report;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "offline/speed_check.h"
 
 namespace thermocline::offline {
 
@@ -63,6 +64,17 @@ const char* MethodChoiceName(MethodChoice method) {
   return "?";
 }
 
+double SidecarLevel(const Sidecar& sidecar, double target_sparsity, MethodChoice method) {
+  const SidecarCalibration& c = sidecar.calibration;
+  if (target_sparsity > 0) return target_sparsity;
+  if (method == MethodChoice::kGateFirst) {
+    return c.present && c.gate_first     ? c.gate_first_sparsity
+           : sidecar.target_sparsity > 0 ? sidecar.target_sparsity
+                                         : 0.5;
+  }
+  return c.present ? c.predicted_sparsity : sidecar.target_sparsity;
+}
+
 absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const LlamaModel& model,
                                                  double target_sparsity, MethodChoice method) {
   if (absl::Status s = CheckSidecarMatches(sidecar, model); !s.ok()) return s;
@@ -81,10 +93,16 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
   const double predicted_sparsity = target_sparsity > 0 ? target_sparsity
                                     : cal.present       ? cal.predicted_sparsity
                                                         : -1.0;
-  const double gate_first_sparsity = target_sparsity > 0             ? target_sparsity
-                                     : cal.present && cal.gate_first ? cal.gate_first_sparsity
-                                     : sidecar.target_sparsity > 0   ? sidecar.target_sparsity
-                                                                     : 0.5;
+  const double gate_first_sparsity =
+      SidecarLevel(sidecar, target_sparsity, MethodChoice::kGateFirst);
+  // auto: the method that decoded fastest in the speed check, when it applies here.
+  const SidecarSpeed* speed = h.is_moe() ? nullptr : ApplicableSpeed(sidecar, target_sparsity);
+  if (method == MethodChoice::kAuto && gated_by_magnitude && speed != nullptr &&
+      std::max(speed->predicted_tokens_per_s, speed->gate_first_tokens_per_s) > 0) {
+    method = speed->gate_first_tokens_per_s > speed->predicted_tokens_per_s
+                 ? MethodChoice::kGateFirst
+                 : MethodChoice::kPredicted;
+  }
   SparsePlan result;
   result.source = SparsePlan::Source::kSidecar;
   std::vector<SparseLayerPlan>& plan = result.layers;
@@ -180,6 +198,26 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
     }
     result.thresholds = absl::StrJoin(parts, "; ");
   }
+  // The speed check's figures for this plan: one method, at the level it was measured at.
+  if (speed != nullptr) {
+    const bool all_gate_first = std::all_of(
+        plan.begin(), plan.end(), [](auto& p) { return p.method == SparseMethod::kGateFirst; });
+    const bool all_predicted = std::all_of(
+        plan.begin(), plan.end(), [](auto& p) { return p.method == SparseMethod::kPredicted; });
+    const double level =
+        SidecarLevel(sidecar, target_sparsity,
+                     all_gate_first ? MethodChoice::kGateFirst : MethodChoice::kPredicted);
+    const double measured_level =
+        all_gate_first ? speed->gate_first_sparsity : speed->predicted_sparsity;
+    const double measured =
+        all_gate_first ? speed->gate_first_tokens_per_s : speed->predicted_tokens_per_s;
+    const bool same_level = !gated_by_magnitude || std::fabs(level - measured_level) < 1e-6;
+    if ((all_gate_first || all_predicted) && same_level && measured > 0) {
+      result.checked_dense_tokens_per_s = speed->dense_tokens_per_s;
+      result.checked_tokens_per_s = measured;
+      result.speed = DescribeSpeed(*speed);
+    }
+  }
   result.output_gpu = sidecar.placement.present && sidecar.placement.output_gpu;
   result.placement = SummarizePlacement(sidecar);
   result.profile = SummarizeProfile(sidecar);
@@ -252,6 +290,18 @@ absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
   }
   auto with_oracle = [&](SparsePlan plan) {
     plan.oracle = plan.oracle || request.oracle;
+    // Auto on the CPU: a plan the speed check measured slower than dense here is not served.
+    if (request.mode == SparseMode::kAuto && request.check_speed && !plan.oracle &&
+        plan.checked_tokens_per_s > 0 &&
+        plan.checked_tokens_per_s < plan.checked_dense_tokens_per_s) {
+      out.warning = absl::StrCat(
+          "sparse decode is slower than dense on this machine (the "
+          "sidecar's speed check: ",
+          plan.speed,
+          "); serving dense (sparse \"on\", or naming the sidecar, serves "
+          "it sparse)");
+      return std::move(out);
+    }
     out.plan = std::move(plan);
     return std::move(out);
   };

@@ -21,9 +21,11 @@ enum class SparseMode { kOff, kOn, kAuto };
 absl::StatusOr<SparseMode> ParseSparseMode(const std::string& text, const std::string& what);
 
 // How SwiGLU layers skip work (engine/sparse/sparse_plan.h's SparseMethod). predicted (the
-// default): the predictors, whatever they save. gate-first: every layer gate-first. auto: per
-// layer, the method that reads the fewest weight bytes by the profile (the predictor's measured
-// predicted-active share and firing rate against gate-first at the target sparsity). The two
+// default): the predictors, whatever they save. gate-first: every layer gate-first. auto: the
+// method that decoded fastest in the sidecar's speed check when it was measured on this machine
+// at the levels loaded (offline/speed_check.h); otherwise per layer, the method that reads the
+// fewest weight bytes by the profile (the predictor's measured predicted-active share and
+// firing rate against gate-first at the target sparsity). The two
 // drop different activations at the same sparsity, so their quality differs (docs/sparse.md).
 // The ReLU family is always predicted.
 enum class MethodChoice { kAuto, kPredicted, kGateFirst };
@@ -43,6 +45,11 @@ struct SparseRequest {
   // else the sidecar's thresholds (gate-first: the profile's target sparsity).
   double target_sparsity = 0;
   MethodChoice method = MethodChoice::kPredicted;
+  // Auto mode: serve dense when the sidecar's speed check measured the plan slower than dense
+  // on this machine (offline/speed_check.h). Callers clear it for a sidecar the user named
+  // (--sidecar, `sidecar =`: theirs to choose) and when the engine will use a device (the check
+  // measured the CPU alone).
+  bool check_speed = true;
 };
 
 struct ResolvedSparse {
@@ -53,8 +60,10 @@ struct ResolvedSparse {
 };
 
 // In this order: off → dense; an asked-for sidecar → its plan; MODEL.thermo.gguf beside the model
-// → its plan; a model that carries predictors (PowerInfer) → their plan; on with oracle → the
-// oracle plan (no predictors); else dense (auto) or InvalidArgument (on).
+// → its plan (in auto mode with check_speed, dense instead when the sidecar's speed check
+// measured the plan slower than dense on this machine: offline/speed_check.h); a model that carries
+// predictors (PowerInfer) → their plan; on with oracle → the oracle plan (no predictors); else
+// dense (auto) or InvalidArgument (on).
 absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
                                                  const SparseRequest& request);
 
@@ -64,6 +73,10 @@ absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
 absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const LlamaModel& model,
                                                  double target_sparsity = 0,
                                                  MethodChoice method = MethodChoice::kPredicted);
+// The sparsity a method's thresholds sit at when the sidecar loads with `target_sparsity` (0: none
+// asked): that one, else the level calibrated for a perplexity target, else the profile's
+// target (gate-first: 0.5 when the profile has none).
+double SidecarLevel(const Sidecar& sidecar, double target_sparsity, MethodChoice method);
 // The plan of the sidecar at `path` for `model`.
 absl::StatusOr<SparsePlan> LoadSparsePlan(const std::string& path, const LlamaModel& model,
                                           double target_sparsity = 0,

@@ -237,6 +237,7 @@ absl::Status LoadConfigFile(const std::string& path, ServerConfig* c) {
   reg.Get<std::string>("gpu_layers", &c->gpu_layers);
   reg.Get<int64_t>("profile_tokens", &c->profile_tokens);
   reg.Get<double>("target_ppl_increase", &c->target_ppl_increase);
+  reg.Get<bool>("speed_check", &c->speed_check);
   reg.Get<double>("solve_time_limit_s", &c->solve_time_limit_s);
   reg.Get<std::string>("hardware", &c->hardware);
   reg.GetStringList("allowed_paths", &c->allowed_paths);

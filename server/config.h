@@ -100,6 +100,10 @@ struct ServerConfig {
   // SwiGLU models: each job also calibrates the sparsity for this perplexity increase over
   // dense (offline/sparsity_calibration.h; 0.02 = +2%). 0: off.
   double target_ppl_increase = 0;
+  // Each job also measures decode speed of dense and of each sparse method here
+  // (offline/speed_check.h); a registered model is then served sparse only where that pays.
+  // false: no check, served sparse.
+  bool speed_check = true;
   double solve_time_limit_s = 10;  // placement ILP budget per job
   std::string hardware;            // hardware profile file the placement is solved for; "" =
                                    // the defaults (RTX 3060 12 GB) with the CPU measured here

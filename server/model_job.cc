@@ -12,6 +12,7 @@
 #include "offline/pipeline.h"
 #include "offline/sparse_source.h"
 #include "offline/sparsity_calibration.h"
+#include "offline/speed_check.h"
 #include "server/engine_report.h"
 #include "server/model_registry.h"
 #include "spdlog/spdlog.h"
@@ -85,6 +86,24 @@ absl::Status Calibrate(const ModelJobSpec& spec, const LlamaModel& model, Thread
                  spec.name, offline::MethodChoiceName(m.method), m.sparsity, m.ppl, c->dense_ppl,
                  100 * o.max_ppl_increase, m.met ? "" : ": no level met it");
   }
+  return absl::OkStatus();
+}
+
+// Decode speed of dense and of each sparse method on this machine, into the sidecar: loading
+// here, `sparse = "auto"` serves dense when sparse measured slower (offline/speed_check.h).
+absl::Status CheckSpeed(const ModelJobSpec& spec, const LlamaModel& model, ThreadPool& pool,
+                        JobRun& run, offline::PipelineResult& piped) {
+  if (!spec.speed_check || model.hparams().is_moe()) return absl::OkStatus();
+  auto prompt = offline::SpeedCheckPrompt(model, pool, spec.corpus, 2000003);
+  if (!prompt.ok()) return prompt.status();
+  offline::ProgressReporter progress("speed check", nullptr, [&](const std::string&, double) {
+    return run.Progress(kPredictors, 1.0);
+  });
+  auto check = offline::CheckSparseSpeed(model, piped.sidecar, *prompt, pool,
+                                         offline::SpeedCheckOptions(), &progress);
+  if (!check.ok()) return check.status();
+  offline::ApplySpeedCheck(*check, piped.sidecar);
+  spdlog::info("job '{}': speed check: {}", spec.name, offline::DescribeSpeed(piped.sidecar.speed));
   return absl::OkStatus();
 }
 
@@ -174,6 +193,7 @@ absl::StatusOr<ModelJobResult> RunModelJob(const ModelJobSpec& spec, ModelJobObs
                                     /*progress_out=*/nullptr, callback);
     if (!piped.ok()) return piped.status();
     if (absl::Status s = Calibrate(spec, **model, pool, run, *piped); !s.ok()) return s;
+    if (absl::Status s = CheckSpeed(spec, **model, pool, run, *piped); !s.ok()) return s;
     if (absl::Status s = WriteSidecarAtomically(piped->sidecar, profiled); !s.ok()) return s;
     if (absl::Status s = WriteText(report_path, offline::ProfileReportJson(*piped).dump(2));
         !s.ok()) {

@@ -25,7 +25,8 @@ struct ModelJobSpec {
   int64_t profile_tokens = 4096;
   // SwiGLU models: also calibrate the sparsity for this perplexity increase (0: off).
   double target_ppl_increase = 0;
-  std::string dir;  // the job directory (created when missing)
+  bool speed_check = true;  // measure dense and sparse decode here (offline/speed_check.h)
+  std::string dir;          // the job directory (created when missing)
   offline::HardwareProfile hardware;
   // The cap the placement is solved for: the model's gpu_memory when it has one, else the
   // hardware profile's GPU memory (0).

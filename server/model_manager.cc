@@ -505,6 +505,7 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
   spec.dir = JobDir(name);
   spec.solve_time_limit_s = config_.solve_time_limit_s;
   if (spec.target_ppl_increase <= 0) spec.target_ppl_increase = config_.target_ppl_increase;
+  spec.speed_check = config_.speed_check;
   spec.threads = config_.threads_per_slot;
   spec.stage_delay_ms = config_.job_stage_delay_ms;
 

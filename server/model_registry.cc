@@ -138,11 +138,20 @@ absl::StatusOr<std::optional<SparsePlan>> ModelRegistry::ResolveSparse(ServedMod
   offline::SparseRequest request;
   absl::StatusOr<offline::SparseMode> mode = offline::ParseSparseMode(c.sparse, "sparse =");
   if (!mode.ok()) return mode.status();
-  request.mode = pending.empty() ? *mode : offline::SparseMode::kOn;
+  // A registered model's job sidecar is served where it pays (auto: its speed check); another
+  // pending sidecar as the config's mode says, off excepted.
+  request.mode = pending.empty()                      ? *mode
+                 : m->registered                      ? offline::SparseMode::kAuto
+                 : *mode == offline::SparseMode::kOff ? offline::SparseMode::kOn
+                                                      : *mode;
   request.sidecar = pending.empty() ? c.sidecar : pending;
   request.model_path = c.path;
   request.oracle = c.oracle;
   request.target_sparsity = c.target_sparsity;
+  // A registration's own job sidecar is checked for speed; one the config names is the user's
+  // choice.
+  request.check_speed = (c.sidecar.empty() || request.sidecar != c.sidecar) &&
+                        c.gpu_layers.empty() && c.gpu_memory.empty();
   absl::StatusOr<offline::MethodChoice> method =
       offline::ParseSparseMethod(c.sparse_method, "sparse_method =");
   if (!method.ok()) return method.status();

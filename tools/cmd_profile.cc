@@ -1,6 +1,7 @@
 // thermocline profile: dense inference over a corpus (or self-generated text) counting FFN
 // neuron firings, adaptive-rank predictor training, and the sidecar GGUF with REPORT.json and
 // SVG figures.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "offline/pipeline.h"
 #include "offline/sparsity_calibration.h"
+#include "offline/speed_check.h"
 #include "tools/commands.h"
 
 namespace thermocline::cli {
@@ -40,6 +42,10 @@ constexpr char kUsage[] =
                             model samples)
   --calibration-ctx N       its perplexity windows (default 256, capped at the model's context)
   --calibration-windows N   windows scored per level tried (default 4; 0: the whole text)
+  --no-speed-check          skip the speed check: decode tokens/s of dense and of each sparse
+                            method, measured here and kept in the sidecar; loading on this
+                            CPU, --sparse auto serves dense when sparse measured slower and
+                            --sparse-method auto the fastest method
   --seed S                  sampling and training seed (default 1)
   -t, --threads N           CPU threads (default: all)
   --activation A            override the FFN activation: silu | relu | drelu
@@ -95,7 +101,7 @@ int RunProfile(int argc, char** argv) {
                    "--calibration-text",
                    "--calibration-ctx",
                    "--calibration-windows"},
-                  {"--self-generate", "--quiet", "--help"},
+                  {"--self-generate", "--quiet", "--no-speed-check", "--help"},
                   {{"-m", "--model"}, {"-o", "--output"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("profile", args.status(), true);
   if (args->Has("--help")) {
@@ -204,6 +210,15 @@ int RunProfile(int argc, char** argv) {
     offline::ApplyCalibration(*c, text->held_out, result->sidecar);
     calibrated = *std::move(c);
   }
+  if (result->sidecar.n_expert == 0 && !args->Has("--no-speed-check")) {
+    auto prompt = offline::SpeedCheckPrompt(**model, pool, o.run.corpus_path, o.run.seed + 2000003);
+    if (!prompt.ok()) return Fail("profile", prompt.status());
+    offline::ProgressReporter progress("speed check", args->Has("--quiet") ? nullptr : stderr);
+    auto check = offline::CheckSparseSpeed(**model, result->sidecar, *prompt, pool,
+                                           offline::SpeedCheckOptions(), &progress);
+    if (!check.ok()) return Fail("profile", check.status());
+    offline::ApplySpeedCheck(*check, result->sidecar);
+  }
   const std::string out = *args->Get("--output");
   if (absl::Status s = offline::WriteSidecar(result->sidecar, out); !s.ok()) {
     return Fail("profile", s);
@@ -250,6 +265,14 @@ int RunProfile(int argc, char** argv) {
       t["predictor_bytes"].get<double>() / 1024,
       100 * t["predictor_fraction_of_model"].get<double>(), out.c_str());
   if (calibrated) PrintCalibration(*calibrated, result->sidecar.calibration.held_out);
+  if (const offline::SidecarSpeed& sp = result->sidecar.speed; sp.present) {
+    const double best = std::max(sp.predicted_tokens_per_s, sp.gate_first_tokens_per_s);
+    std::printf("speed check: %s\n%s\n", offline::DescribeSpeed(sp).c_str(),
+                best >= sp.dense_tokens_per_s
+                    ? "  sparse pays here: served sparse"
+                    : "  sparse is slower here: on this CPU, --sparse auto (the default) serves "
+                      "dense; --sparse on serves it sparse");
+  }
   return 0;
 }
 

@@ -61,10 +61,12 @@ constexpr char kGpuLayersUsage[] =
     "                           of them also puts the output head there (CUDA builds; without a\n"
     "                           device everything stays on the CPU)\n";
 // The sparse plan of --sparse/--sidecar/--oracle/--target-sparsity (offline/sparse_source.h, the
-// same resolution the daemon uses); a sidecar beside the model that cannot be used is said on
-// stderr and the run goes on dense.
+// same resolution the daemon uses); a sidecar beside the model that cannot be used, or that its
+// speed check measured slower than dense here (unless !check_speed: bench, which measures it),
+// is said on stderr and the run goes on dense.
 absl::StatusOr<std::optional<SparsePlan>> SparsePlanFromArgs(const Args& args,
-                                                             const LlamaModel& model);
+                                                             const LlamaModel& model,
+                                                             bool check_speed = true);
 // --gpu-memory and --gpu-layers into `options`.
 absl::Status GpuOptionsFromArgs(const Args& args, EngineOptions* options);
 // The engine of the model with the sparse and GPU flags over `options` (n_ctx, max_batch,
@@ -72,7 +74,8 @@ absl::Status GpuOptionsFromArgs(const Args& args, EngineOptions* options);
 absl::StatusOr<std::shared_ptr<const Engine>> EngineFromArgs(const Args& args,
                                                              const LlamaModel& model,
                                                              ThreadPool& pool,
-                                                             EngineOptions options);
+                                                             EngineOptions options,
+                                                             bool check_speed = true);
 // engine.NewSession(pool); when a GPU was asked for, where its parts run (or why they do not)
 // is said on stderr.
 absl::StatusOr<std::unique_ptr<EngineSession>> SessionFor(const Engine& engine, ThreadPool* pool);

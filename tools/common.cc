@@ -49,7 +49,8 @@ absl::StatusOr<int> ThreadsFromArgs(const Args& args) {
 }
 
 absl::StatusOr<std::optional<SparsePlan>> SparsePlanFromArgs(const Args& args,
-                                                             const LlamaModel& model) {
+                                                             const LlamaModel& model,
+                                                             bool check_speed) {
   absl::StatusOr<offline::SparseMode> mode =
       offline::ParseSparseMode(args.Get("--sparse").value_or("auto"), "--sparse");
   if (!mode.ok()) return mode.status();
@@ -64,6 +65,8 @@ absl::StatusOr<std::optional<SparsePlan>> SparsePlanFromArgs(const Args& args,
   request.model_path = args.Get("--model").value_or("");
   request.oracle = args.Has("--oracle");
   request.target_sparsity = *target;
+  request.check_speed = check_speed && !args.Has("--sidecar") && !args.Has("--gpu-layers") &&
+                        !args.Has("--gpu-memory");
   absl::StatusOr<offline::MethodChoice> method = offline::ParseSparseMethod(
       args.Get("--sparse-method").value_or("predicted"), "--sparse-method");
   if (!method.ok()) return method.status();
@@ -94,13 +97,14 @@ absl::Status GpuOptionsFromArgs(const Args& args, EngineOptions* options) {
 absl::StatusOr<std::shared_ptr<const Engine>> EngineFromArgs(const Args& args,
                                                              const LlamaModel& model,
                                                              ThreadPool& pool,
-                                                             EngineOptions options) {
+                                                             EngineOptions options,
+                                                             bool check_speed) {
   if (absl::Status s = GpuOptionsFromArgs(args, &options); !s.ok()) return s;
   if (auto text = args.Get("--kv-type"); text && !ParseKvType(*text, &options.kv_type)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv-type '", *text, "' is not one of f16, f32"));
   }
-  absl::StatusOr<std::optional<SparsePlan>> plan = SparsePlanFromArgs(args, model);
+  absl::StatusOr<std::optional<SparsePlan>> plan = SparsePlanFromArgs(args, model, check_speed);
   if (!plan.ok()) return plan.status();
   return Engine::Create(model, *std::move(plan), options, pool);
 }

@@ -90,6 +90,12 @@ struct SparsePlan {
   // SwiGLU: where the magnitude thresholds come from, for the user ("gate-first at sparsity
   // 0.253, calibrated for at most +2.00% perplexity"); "" for the ReLU family.
   std::string thresholds;
+  // The sidecar's speed check (offline/speed_check.h) when it was measured on this machine at
+  // this plan's levels: decode tokens/s of dense and of this plan's method, and the whole
+  // measurement for the user; 0 and "" otherwise.
+  double checked_dense_tokens_per_s = 0;
+  double checked_tokens_per_s = 0;
+  std::string speed;
 };
 // "sidecar", "powerinfer", "oracle".
 const char* SparseSourceName(SparsePlan::Source source);

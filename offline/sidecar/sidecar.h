@@ -85,6 +85,19 @@ struct SidecarCalibration {
   double gate_first_sparsity = 0, gate_first_ppl = 0;
 };
 
+// Decode speed of the sidecar's sparse plans against dense, measured on the machine that
+// profiled (offline/speed_check.h): loading on the same CPU, `auto` serves what was fastest.
+struct SidecarSpeed {
+  bool present = false;
+  std::string cpu;  // HostCpu() of the machine that measured
+  int64_t threads = 0;
+  double dense_tokens_per_s = 0;
+  // Per method at the sparsity it was measured at (the level a load without --target-sparsity
+  // uses); tokens_per_s 0: not measured (no predictors, or no gate-first statistics).
+  double predicted_tokens_per_s = 0, predicted_sparsity = 0;
+  double gate_first_tokens_per_s = 0, gate_first_sparsity = 0;
+};
+
 struct Sidecar {
   uint32_t format_version = kSidecarFormatVersion;
   std::string model_identity;
@@ -100,6 +113,7 @@ struct Sidecar {
   std::vector<SidecarLayer> layers;
   SidecarPlacement placement;
   SidecarCalibration calibration;
+  SidecarSpeed speed;
 };
 
 // Hash of the model file's tensor names, shapes, types and data sizes (hex).

@@ -172,6 +172,18 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
       w.SetFloat32(Key("calibration.gate_first.ppl"), static_cast<float>(c.gate_first_ppl));
     }
   }
+  const SidecarSpeed& sp = s.speed;
+  if (sp.present) {
+    w.SetString(Key("speed.cpu"), sp.cpu);
+    w.SetUint32(Key("speed.threads"), static_cast<uint32_t>(sp.threads));
+    w.SetFloat32(Key("speed.dense_tokens_per_s"), static_cast<float>(sp.dense_tokens_per_s));
+    w.SetFloat32(Key("speed.predicted.tokens_per_s"),
+                 static_cast<float>(sp.predicted_tokens_per_s));
+    w.SetFloat32(Key("speed.predicted.sparsity"), static_cast<float>(sp.predicted_sparsity));
+    w.SetFloat32(Key("speed.gate_first.tokens_per_s"),
+                 static_cast<float>(sp.gate_first_tokens_per_s));
+    w.SetFloat32(Key("speed.gate_first.sparsity"), static_cast<float>(sp.gate_first_sparsity));
+  }
   const int64_t d = s.n_embd, f = s.n_ff;
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const SidecarLayer& L = s.layers[l];
@@ -380,6 +392,30 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
     if (!(c.max_ppl_increase > 0) || !(c.predicted_sparsity >= 0 && c.predicted_sparsity < 1) ||
         !(c.gate_first_sparsity >= 0 && c.gate_first_sparsity < 1)) {
       return Corrupt(path, "calibration keys are out of range");
+    }
+  }
+  if (f.Find(Key("speed.cpu")) != nullptr) {
+    SidecarSpeed& sp = s.speed;
+    sp.present = true;
+    auto cpu = str("speed.cpu");
+    auto threads = num("speed.threads");
+    if (!cpu.ok() || !threads.ok()) return Corrupt(path, "speed keys");
+    sp.cpu = *cpu;
+    sp.threads = *threads;
+    for (auto [dst, k] : {std::pair{&sp.dense_tokens_per_s, "speed.dense_tokens_per_s"},
+                          {&sp.predicted_tokens_per_s, "speed.predicted.tokens_per_s"},
+                          {&sp.predicted_sparsity, "speed.predicted.sparsity"},
+                          {&sp.gate_first_tokens_per_s, "speed.gate_first.tokens_per_s"},
+                          {&sp.gate_first_sparsity, "speed.gate_first.sparsity"}}) {
+      auto v = flt(k);
+      if (!v.ok()) return Corrupt(path, v.status().message());
+      *dst = *v;
+    }
+    if (!(sp.dense_tokens_per_s > 0) || !(sp.predicted_tokens_per_s >= 0) ||
+        !(sp.gate_first_tokens_per_s >= 0) || !(sp.predicted_sparsity >= 0) ||
+        !(sp.predicted_sparsity < 1) || !(sp.gate_first_sparsity >= 0) ||
+        !(sp.gate_first_sparsity < 1)) {
+      return Corrupt(path, "speed keys are out of range");
     }
   }
   std::vector<int32_t> unused_ints;

@@ -148,6 +148,36 @@ TEST_CASE("register relu-tiny: job to ready, then served sparse with the dense g
   CHECK(MetricValue(metrics, "thermocline_model_cpu_neurons{model=\"relu\"}") >= 0);
 }
 
+TEST_CASE("registry.speed_check: a registered model is served sparse only where that pays here",
+          "[registry][admin][sparse]") {
+  if (!HaveReluModel()) THERMOCLINE_SKIP("no relu-tiny model or corpus");
+  const std::filesystem::path state = TempDir() / "speed-check.state";
+  std::filesystem::remove_all(state);
+  DaemonProcess d("[registry]\nstate_dir = \"" + state.string() + "\"\n");  // the default: on
+  REQUIRE(Http(d.port(), "POST", "/admin/models", Post(ReluRegistration("relu"))).status == 201);
+  const nlohmann::json last = WatchEvents(d.port(), "relu").back();
+  INFO(last.dump() << "\nlog:\n" << d.Log());
+  REQUIRE(last["state"] == "ready");
+  auto sidecar = offline::ReadSidecar(last["sidecar_path"].get<std::string>());
+  REQUIRE(sidecar.ok());
+  const offline::SidecarSpeed& speed = sidecar->speed;
+  REQUIRE(speed.present);
+  CHECK(speed.dense_tokens_per_s > 0);
+  CHECK(speed.predicted_tokens_per_s > 0);
+  CHECK(speed.gate_first_tokens_per_s == 0);  // ReLU: no gate-first
+  CHECK(d.Log().find("job 'relu': speed check: dense") != std::string::npos);
+  // Served as the measurement says, and said why when dense.
+  const bool pays = speed.predicted_tokens_per_s >= speed.dense_tokens_per_s;
+  CHECK(!GreedyText(d.port(), "relu", "Once upon a time").empty());  // loads it
+  const nlohmann::json loaded = Json(Http(d.port(), "GET", "/admin/models/relu").body);
+  INFO(loaded.dump());
+  CHECK(loaded["mode"] == (pays ? "sparse" : "dense"));
+  if (!pays) {
+    CHECK(loaded["warning"].get<std::string>().find("slower than dense on this machine") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("registry.target_ppl_increase: a SwiGLU model's job calibrates its sparsity",
           "[registry][admin][sparse]") {
   const std::string model = TestModelPath("stories260K.gguf");
@@ -158,7 +188,7 @@ TEST_CASE("registry.target_ppl_increase: a SwiGLU model's job calibrates its spa
   const std::filesystem::path state = TempDir() / "calibrating-registry.state";
   std::filesystem::remove_all(state);
   DaemonProcess d("[registry]\nstate_dir = \"" + state.string() +
-                  "\"\ntarget_ppl_increase = 0.03\n");
+                  "\"\ntarget_ppl_increase = 0.03\nspeed_check = false\n");
   const HttpResponse created = Http(
       d.port(), "POST", "/admin/models",
       Post(
@@ -216,7 +246,7 @@ TEST_CASE("registered models survive a restart", "[registry][admin]") {
   if (!HaveReluModel()) THERMOCLINE_SKIP("no relu-tiny model or corpus");
   const std::string state = (TempDir() / "restart.state").string();
   std::filesystem::remove_all(state);
-  const std::string toml = "[registry]\nstate_dir = \"" + state + "\"\n";
+  const std::string toml = "[registry]\nstate_dir = \"" + state + "\"\nspeed_check = false\n";
   nlohmann::json before;
   {
     DaemonProcess d(toml);
@@ -245,7 +275,7 @@ TEST_CASE("kill -9 in the middle of a job: the job resumes after its last finish
   if (!HaveReluModel()) THERMOCLINE_SKIP("no relu-tiny model or corpus");
   const std::string state = (TempDir() / "kill9.state").string();
   std::filesystem::remove_all(state);
-  const std::string registry = "[registry]\nstate_dir = \"" + state + "\"\n";
+  const std::string registry = "[registry]\nstate_dir = \"" + state + "\"\nspeed_check = false\n";
   {
     // Stages pause 4 s: the kill lands after the profile, before the solve ends.
     DaemonProcess d(registry + "[debug]\njob_stage_delay_ms = 4000\n");
