@@ -289,12 +289,16 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
     lane.idx.resize(h.n_ff);
     lane.gate.resize(h.n_ff);
     lane.up.resize(h.n_ff);
-    lane.acc.resize(h.n_embd);
     lane.seen_predicted.resize(h.n_ff);
     lane.seen_up.resize(h.n_ff);
   }
   all_chunks_ = PlanChunks(/*after_device_part=*/false);
   host_chunks_ = PlanChunks(/*after_device_part=*/true);
+  size_t max_chunks = 1;
+  for (const auto* plans : {&all_chunks_, &host_chunks_}) {
+    for (const ChunkBounds& b : *plans) max_chunks = std::max(max_chunks, b.size() - 1);
+  }
+  chunk_out_.assign(max_chunks * h.n_embd, 0.0f);
   ResetStats();
 }
 
@@ -445,10 +449,12 @@ void SparseFfn::ForwardTokenFused(int layer, const float* xn, float* out,
   if (observer_ != nullptr) observer_->OnLayer(layer);
   const ChunkBounds& bounds = chunks[layer];
   pool_->Run([&](int lane) { RunLane(layer, lane, bounds); });
-  std::copy_n(lanes_[0].acc.data(), h.n_embd, out);
-  for (size_t k = 1; k < lanes_.size(); ++k) {
-    const float* acc = lanes_[k].acc.data();
-    for (int64_t i = 0; i < h.n_embd; ++i) out[i] += acc[i];
+  // In chunk order, whichever lanes took them: the same bits run to run.
+  const int64_t n_chunks = static_cast<int64_t>(bounds.size()) - 1;
+  std::copy_n(chunk_out_.data(), h.n_embd, out);
+  for (int64_t c = 1; c < n_chunks; ++c) {
+    const float* part = chunk_out_.data() + c * h.n_embd;
+    for (int64_t i = 0; i < h.n_embd; ++i) out[i] += part[i];
   }
   const auto t2 = std::chrono::steady_clock::now();
   stats_.layer_tokens += 1;
@@ -470,15 +476,18 @@ void SparseFfn::RunLane(int layer, int lane_index, const ChunkBounds& bounds) {
   Lane& lane = lanes_[lane_index];
   lane.predicted = lane.fired = lane.up_rows = 0;
   lane.predictor_s = 0;
-  std::fill(lane.acc.begin(), lane.acc.end(), 0.0f);
   const int n_chunks = static_cast<int>(bounds.size()) - 1;
+  const int64_t n_embd = model_.hparams().n_embd;
   for (int c = next_chunk_.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
        c = next_chunk_.fetch_add(1, std::memory_order_relaxed)) {
-    RunChunk(layer, lane, bounds[c], bounds[c + 1], lane_index == 0);
+    float* out = chunk_out_.data() + c * n_embd;
+    std::fill_n(out, n_embd, 0.0f);
+    RunChunk(layer, lane, bounds[c], bounds[c + 1], out, lane_index == 0);
   }
 }
 
-void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool time_it) {
+void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, float* out,
+                         bool time_it) {
   const auto t0 = std::chrono::steady_clock::now();
   const LlamaHparams& h = model_.hparams();
   const SparseWeights::Layer& y = weights_->layer(layer);
@@ -508,8 +517,8 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool
     int64_t n_up = 0;
     const int64_t m = GateFirstRows(
         isa_, h.activation, gw, x_gate_.data(), uw, x_up, y.down_t.view, idx, n, p.gate_threshold,
-        y.gate_scale.empty() ? nullptr : y.gate_scale.data(), p.magnitude_threshold, gate, up,
-        lane.acc.data(), &n_up, observer_ != nullptr ? lane.seen_up.data() : nullptr);
+        y.gate_scale.empty() ? nullptr : y.gate_scale.data(), p.magnitude_threshold, gate, up, out,
+        &n_up, observer_ != nullptr ? lane.seen_up.data() : nullptr);
     lane.up_rows += n_up;
     lane.fired += m;
     if (observer_ != nullptr) {
@@ -536,7 +545,7 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool
                        {lane.seen_up.data(), static_cast<size_t>(n)},
                        {idx, static_cast<size_t>(m)});
   }
-  SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, gate, m, lane.acc.data());
+  SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, gate, m, out);
 }
 
 void SparseFfn::ForwardTokenOracle(int layer, const float* xn, float* out, bool host_only) {

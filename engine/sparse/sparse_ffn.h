@@ -172,7 +172,6 @@ class SparseFfn : public FfnBackend {
     std::vector<int32_t> idx;                      // (n_ff) active slots of the chunk at hand
     std::vector<float> gate;                       // (n_ff) compact: gate, then the activation
     std::vector<float> up;                         // (n_ff)
-    std::vector<float> acc;                        // (n_embd) partial output
     std::vector<int32_t> seen_predicted, seen_up;  // (n_ff) for observer_: idx before compaction
     int64_t predicted = 0, up_rows = 0, fired = 0;
     double predictor_s = 0;
@@ -199,8 +198,9 @@ class SparseFfn : public FfnBackend {
                          const std::vector<ChunkBounds>& chunks, const int32_t* listed,
                          int64_t n_listed);
   void RunLane(int layer, int lane, const ChunkBounds& bounds);
-  // Slots [begin, end) of `layer` into lane's counts and accumulator.
-  void RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, bool time_it);
+  // Slots [begin, end) of `layer` into lane's counts and the chunk's partial output `out`
+  // (n_embd, zeroed).
+  void RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, float* out, bool time_it);
   // One executor's share (oracle): idx (n) active slots with their activations.
   void RunPart(int layer, Executor& e, int64_t n);
   // Creates the device part's executor (options.gpu); no device leaves it on the CPU.
@@ -218,7 +218,10 @@ class SparseFfn : public FfnBackend {
   std::vector<ChunkBounds> all_chunks_;      // per layer, over all slots
   std::vector<ChunkBounds> host_chunks_;     // per layer, over the slots after the device part
   std::atomic<int> next_chunk_{0};           // the next chunk a lane claims
-  const int32_t* listed_ = nullptr;          // ForwardListed: the host's active slots
+  // (most chunks of a layer × n_embd): each chunk's partial output, summed in chunk order after
+  // the lanes, so that a token's output does not depend on which lane took which chunk.
+  std::vector<float> chunk_out_;
+  const int32_t* listed_ = nullptr;  // ForwardListed: the host's active slots
   int64_t n_listed_ = 0;
   std::vector<PredictorView> predictors_;  // per layer (engine/sparse/predictor.h)
   std::vector<int32_t> hidden_idx_;        // predictor hidden units that are > 0

@@ -314,5 +314,35 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
   CHECK(ReplaySparseReads(*(*ffn)->weights(), pool, recorder, 2, 1 << 16) > 0);
 }
 
+// Whichever thread claims which chunk, a token's output is the same bits: the chunks' partial
+// sums are added in chunk order, so that sparse decode is reproducible run to run (greedy and
+// seeded sampling included), as dense decode is.
+TEST_CASE("sparse FFN output does not depend on which thread took which chunk", "[sparse]") {
+  const LlamaModel* relu_tiny = ReluTiny();
+  if (relu_tiny == nullptr) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = *relu_tiny;
+  const LlamaHparams& h = model.hparams();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(h.n_embd), xn(h.n_embd), first(h.n_embd), again(h.n_embd);
+  for (int threads : {2, 3, 4}) {  // more threads than this machine's cores: assignments vary
+    ThreadPool pool(threads);
+    auto ffn = SparseFfn::Create(model, PlanWithPredictor(model, 8, 5), &pool, SparseFfnOptions{});
+    REQUIRE(ffn.ok());
+    int differing = 0;
+    for (int layer = 0; layer < h.n_layer; ++layer) {
+      for (float& f : x) f = dist(rng);
+      for (int64_t i = 0; i < h.n_embd; ++i) xn[i] = x[i] * model.layers()[layer].ffn_norm[i];
+      (*ffn)->Forward(layer, x.data(), xn.data(), 1, first.data());
+      for (int run = 0; run < 200; ++run) {
+        (*ffn)->Forward(layer, x.data(), xn.data(), 1, again.data());
+        differing += again != first;
+      }
+    }
+    INFO("threads " << threads);
+    CHECK(differing == 0);
+  }
+}
+
 }  // namespace
 }  // namespace thermocline
