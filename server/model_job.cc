@@ -223,6 +223,16 @@ absl::StatusOr<ModelJobResult> RunModelJob(const ModelJobSpec& spec, ModelJobObs
   result.sidecar_path = final_path;
   result.placement = PlacementSummaryJson(offline::SummarizePlacement(*sidecar));
   result.report = ProfileSummaryJson(offline::SummarizeProfile(*sidecar));
+  // The speed check's figures (null when the job did not measure): why the model is served as
+  // it is.
+  const offline::SidecarSpeed& sp = sidecar->speed;
+  result.report["speed_check"] =
+      sp.present ? nlohmann::json{{"cpu", sp.cpu},
+                                  {"threads", sp.threads},
+                                  {"dense_tokens_per_s", sp.dense_tokens_per_s},
+                                  {"predicted_tokens_per_s", sp.predicted_tokens_per_s},
+                                  {"gate_first_tokens_per_s", sp.gate_first_tokens_per_s}}
+                 : nlohmann::json(nullptr);
   observer.OnStageDone(kSidecar.name);
   return result;
 }

@@ -120,6 +120,7 @@ TEST_CASE("register relu-tiny: job to ready, then served sparse with the dense g
         6 * 512);
   CHECK(last["report"]["layers"] == 6);
   CHECK(last["report"]["sparsity"].get<double>() > 0.5);
+  CHECK(last["report"]["speed_check"].is_null());  // the fixture's registry.speed_check = false
   CHECK(last["mode"] == "sparse");
   // Versions increase and the stages come in order.
   std::vector<std::string> stages;
@@ -166,6 +167,10 @@ TEST_CASE("registry.speed_check: a registered model is served sparse only where 
   CHECK(speed.predicted_tokens_per_s > 0);
   CHECK(speed.gate_first_tokens_per_s == 0);  // ReLU: no gate-first
   CHECK(d.Log().find("job 'relu': speed check: dense") != std::string::npos);
+  const nlohmann::json& reported = last["report"]["speed_check"];
+  CHECK(reported["cpu"] == speed.cpu);
+  CHECK(reported["dense_tokens_per_s"].get<double>() == Approx(speed.dense_tokens_per_s));
+  CHECK(reported["predicted_tokens_per_s"].get<double>() == Approx(speed.predicted_tokens_per_s));
   // Served as the measurement says, and said why when dense.
   const bool pays = speed.predicted_tokens_per_s >= speed.dense_tokens_per_s;
   CHECK(!GreedyText(d.port(), "relu", "Once upon a time").empty());  // loads it
