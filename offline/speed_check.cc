@@ -78,9 +78,6 @@ absl::StatusOr<SpeedCheck> CheckSparseSpeed(const LlamaModel& model, const Sidec
   EngineOptions eo;  // as `serve` and `generate` build it, on the CPU
   eo.n_ctx =
       std::min<int64_t>(h.n_ctx_train, static_cast<int64_t>(head.size()) + options.gen_tokens + 1);
-  auto dense = Engine::Create(model, std::nullopt, eo, pool);
-  if (!dense.ok()) return dense.status();
-
   const bool gate_first = std::all_of(sidecar.layers.begin(), sidecar.layers.end(), [&](auto& l) {
     return l.gate_score_quantiles.size() == static_cast<size_t>(kQuantileLevels) &&
            static_cast<int64_t>(l.gate_scale.size()) == h.n_ff;
@@ -91,33 +88,41 @@ absl::StatusOr<SpeedCheck> CheckSparseSpeed(const LlamaModel& model, const Sidec
   SpeedCheck result;
   result.cpu = HostCpu();
   result.threads = pool.size();
-  std::vector<double> dense_runs;
-  const int total = static_cast<int>(methods.size()) * options.rounds;
+  // One engine at a time (each holds its own re-laid weights, about the model again: two at
+  // once could exhaust a machine that runs the model comfortably), in the order dense, each
+  // method, dense again, so that a drift of the machine's load reaches dense on both sides.
+  const int total = static_cast<int>(methods.size() + 2) * options.rounds;
   int done = 0;
-  for (MethodChoice method : methods) {
-    auto plan = SparsePlanFromSidecar(sidecar, model, 0, method);
-    if (!plan.ok()) return plan.status();
-    auto sparse = Engine::Create(model, *std::move(plan), eo, pool);
-    if (!sparse.ok()) return sparse.status();
+  auto measure = [&](std::optional<SparsePlan> plan,
+                     const char* name) -> absl::StatusOr<std::vector<double>> {
+    auto engine = Engine::Create(model, std::move(plan), eo, pool);
+    if (!engine.ok()) return engine.status();
     std::vector<double> runs;
-    for (int r = 0; r < options.rounds; ++r) {  // alternated, so that noise hits both
-      auto d = DecodeRun(**dense, pool, head, options.gen_tokens);
-      if (!d.ok()) return d.status();
-      auto s = DecodeRun(**sparse, pool, head, options.gen_tokens);
-      if (!s.ok()) return s.status();
-      dense_runs.push_back(*d);
-      runs.push_back(*s);
-      ++done;
+    for (int r = 0; r < options.rounds; ++r) {
+      auto tps = DecodeRun(**engine, pool, head, options.gen_tokens);
+      if (!tps.ok()) return tps.status();
+      runs.push_back(*tps);
       if (progress != nullptr &&
-          !progress->Update(
-              static_cast<double>(done) / total,
-              absl::StrFormat("%s %.1f, dense %.1f tokens/s", MethodChoiceName(method), *s, *d))) {
+          !progress->Update(static_cast<double>(++done) / total,
+                            absl::StrFormat("%s %.1f tokens/s", name, *tps))) {
         return absl::CancelledError("speed check cancelled");
       }
     }
-    result.methods.push_back({method, SidecarLevel(sidecar, 0, method), Median(runs)});
+    return runs;
+  };
+  auto dense_runs = measure(std::nullopt, "dense");
+  if (!dense_runs.ok()) return dense_runs.status();
+  for (MethodChoice method : methods) {
+    auto plan = SparsePlanFromSidecar(sidecar, model, 0, method);
+    if (!plan.ok()) return plan.status();
+    auto runs = measure(*std::move(plan), MethodChoiceName(method));
+    if (!runs.ok()) return runs.status();
+    result.methods.push_back({method, SidecarLevel(sidecar, 0, method), Median(*runs)});
   }
-  result.dense_tokens_per_s = Median(dense_runs);
+  auto again = measure(std::nullopt, "dense");
+  if (!again.ok()) return again.status();
+  dense_runs->insert(dense_runs->end(), again->begin(), again->end());
+  result.dense_tokens_per_s = Median(*dense_runs);
   if (progress != nullptr) {
     Sidecar copy;
     ApplySpeedCheck(result, copy);

@@ -2,7 +2,7 @@
 // a CPU whose dense mat-vec streams faster than scattered rows can be read, a sparse plan can
 // decode slower than dense (docs/sparse.md, "SwiGLU models"). The profiler measures it once:
 // decode tokens/s of dense and of each method the sidecar supports, at the level a load
-// without --target-sparsity uses, alternated round by round as `bench` does. The result goes
+// without --target-sparsity uses; one engine at a time (dense, each method, dense again). The result goes
 // into the sidecar (SidecarSpeed); loading on the same CPU, `--sparse auto` serves dense when
 // dense was faster, and `--sparse-method auto` picks the fastest method
 // (offline/sparse_source.h).
@@ -28,7 +28,7 @@ std::string HostCpu();
 struct SpeedCheckOptions {
   int64_t prompt_tokens = 16;  // prefill before the timed tokens
   int64_t gen_tokens = 32;     // timed single-token decodes per run
-  int rounds = 3;              // runs per engine, alternated; the median is kept
+  int rounds = 3;              // runs per engine (dense: twice as many); the median is kept
 };
 
 struct MethodSpeed {
