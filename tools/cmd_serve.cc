@@ -26,7 +26,8 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
   -c, --ctx N              context length of every model (default: the model's)
   --log-level LEVEL        trace | debug | info | warn | error | off (default info)
   --sparse off|on|auto     sparse FFN serving of every model (default auto: when a sidecar is
-                           given or MODEL.thermo.gguf lies beside the model)
+                           given or MODEL.thermo.gguf lies beside the model, unless that one's
+                           speed check measured sparse slower on this machine)
   --sidecar FILE           the sidecar of the (single) --model (thermocline profile makes one)
   --oracle                 sparse with exact active sets (dense gate/up) instead of predictors
   --sparse-method M        SwiGLU layers: predicted (default) | gate-first | auto

@@ -43,7 +43,8 @@ absl::StatusOr<int> ThreadsFromArgs(const Args& args);
 // --target-sparsity, --sparse-method; switch --oracle.
 constexpr char kSparseUsage[] =
     "  --sparse off|on|auto     sparse FFN (auto: on when a sidecar is given or found as\n"
-    "                           MODEL.thermo.gguf; default auto)\n"
+    "                           MODEL.thermo.gguf, unless a found one's speed check measured\n"
+    "                           sparse slower on this machine; default auto)\n"
     "  --sidecar FILE           the model's sidecar (predictors, thresholds, placement)\n"
     "  --oracle                 exact active sets (dense gate/up) instead of the predictors\n"
     "  --target-sparsity F      SwiGLU: drop this fraction of activations (predicted: by\n"
@@ -51,7 +52,8 @@ constexpr char kSparseUsage[] =
     "                           the sidecar calibrated for its perplexity target, if any)\n"
     "  --sparse-method M        SwiGLU: predicted (default: the predictors pick), gate-first\n"
     "                           (every gate row; up and down only where the gate passes), or\n"
-    "                           auto (per layer, the fewer bytes by the profile)\n"
+    "                           auto (the faster by the sidecar's speed check on this\n"
+    "                           machine, else per layer the fewer bytes by the profile)\n"
     "  --gpu-memory BYTES       the placement's GPU neurons on the GPU under this cap (512M,\n"
     "                           8G; CUDA builds; without a device they stay on the CPU)\n";
 // --gpu-layers N|auto (generate, bench): the -ngl-style dense offload.
