@@ -244,6 +244,7 @@ int Show(DaemonClient* client, const Args& args) {
       {"percent", absl::StrFormat("%.1f", Num(*m, "percent", 0))},
       {"eta", eta < 0 ? "-" : absl::StrFormat("%.0fs", eta)},
       {"mode", or_dash(Str(*m, "mode"))},
+      {"warning", or_dash(Str(*m, "warning"))},  // e.g. why it is served dense
       {"loaded", Str(*m, "loaded")},
       {"last error", or_dash(Str(*m, "last_error"))},
       {"sidecar", or_dash(Str(*m, "sidecar_path"))},

@@ -260,6 +260,7 @@ TEST_CASE("cli models: register --wait, list, show, rm", "[server][cli]") {
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("  state        ready\n") != std::string::npos);
   CHECK(r.out.find("  path         " + relu + "\n") != std::string::npos);
+  CHECK(r.out.find("  warning      -\n") != std::string::npos);  // served sparse, nothing to say
   r = RunThermocline("models show relu --json" + port);
   CHECK(r.exit_code == 0);
   const json shown = Json(r.out);
