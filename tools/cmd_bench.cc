@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/model_bench.h"
 #include "bench/sparse_read_floor.h"
+#include "engine/model/activation.h"
 #include "engine/ops/kernels.h"
 #include "nlohmann/json.hpp"
 #include "offline/solver/hardware.h"
@@ -203,7 +204,9 @@ int RunBench(int argc, char** argv) {
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     std::puts(
-        "  --sparse-method A,B      several methods: each against dense, in turn\n"
+        "  --sparse-method A,B      several methods: each against dense, in turn (default for\n"
+        "                           a SwiGLU sidecar with gate-first statistics: predicted,\n"
+        "                           gate-first)\n"
         "  a mixture of experts: decode tokens/s of every expert computed (dense), of the\n"
         "  routed experts on the CPU, and of --sidecar's expert placement under --gpu-memory\n"
         "  (--stand-in: on the CPU stand-in device)\n"
@@ -250,9 +253,17 @@ int RunBench(int argc, char** argv) {
   engine_options.n_ctx = o.prompt_tokens + o.gen_tokens + 1;
   engine_options.max_batch = std::clamp<int64_t>(o.prompt_tokens, 1, 4096);
   engine_options.repack = !args->Has("--no-repack");
-  // --sparse-method A,B,...: each method against dense in turn, the same dense engine.
-  const std::vector<std::string> methods =
+  // --sparse-method A,B,...: each method against dense in turn, the same dense engine. Without
+  // it (and without --json), a SwiGLU model's sidecar that supports gate-first runs both.
+  std::vector<std::string> methods =
       absl::StrSplit(args->Get("--sparse-method").value_or("predicted"), ',');
+  const LlamaHparams& hp = (*model)->hparams();
+  if (!args->Get("--sparse-method") && !GateDecides(hp.activation) && !args->Has("--oracle") &&
+      !args->Has("--json")) {  // --json: one object, the default method's
+    auto gate_first =
+        SparsePlanFromArgs(args->With("--sparse-method", "gate-first"), **model, false);
+    if (gate_first.ok() && gate_first->has_value()) methods = {"predicted", "gate-first"};
+  }
   if (methods.size() > 1) {
     auto dense = Engine::Create(**model, std::nullopt, engine_options, pool);
     if (!dense.ok()) return Fail("bench", dense.status());

@@ -196,5 +196,38 @@ TEST_CASE("auto serves dense where the speed check measured sparse slower, the f
   CHECK(r.warning.find("slower than dense") != std::string::npos);
 }
 
+TEST_CASE("profile then bench: a SwiGLU sidecar's methods against dense, and its speed check",
+          "[sparse][offline][cli]") {
+  const std::string model = TestModelPath("stories260K.gguf");
+  const std::string corpus = TestModelPath("tinystories-profile.txt");
+  if (!std::filesystem::exists(model) || !std::filesystem::exists(corpus)) {
+    THERMOCLINE_SKIP("stories260K.gguf or tinystories-profile.txt not found");
+  }
+  const std::string sidecar = (TempDir() / "bench-speed.thermo.gguf").string();
+  testing::CliResult r =
+      testing::RunThermocline("profile -m " + model + " --corpus " + corpus +
+                              " --tokens 512 --epochs 1 -t 2 --quiet -o " + sidecar);
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("speed check: dense ") != std::string::npos);
+  CHECK(r.out.find("gate-first") != std::string::npos);
+  r = testing::RunThermocline("bench -m " + model + " --sidecar " + sidecar +
+                              " --prompt-tokens 4 --gen-tokens 4 --repetitions 1 --threads 2");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("--sparse-method predicted\n") != std::string::npos);
+  CHECK(r.out.find("--sparse-method gate-first\n") != std::string::npos);
+  CHECK(r.out.find("the sidecar's speed check: dense ") != std::string::npos);
+  // --no-speed-check: no figures in the sidecar.
+  r = testing::RunThermocline("profile -m " + model + " --corpus " + corpus +
+                              " --tokens 512 --epochs 1 -t 2 --quiet --no-speed-check -o " +
+                              sidecar);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("speed check") == std::string::npos);
+  auto read = offline::ReadSidecar(sidecar);
+  REQUIRE(read.ok());
+  CHECK(!read->speed.present);
+}
+
 }  // namespace
 }  // namespace thermocline
