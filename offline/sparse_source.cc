@@ -64,6 +64,22 @@ const char* MethodChoiceName(MethodChoice method) {
   return "?";
 }
 
+bool HasGateFirstStatistics(const SidecarLayer& layer, int64_t n_ff) {
+  return layer.gate_score_quantiles.size() == static_cast<size_t>(kQuantileLevels) &&
+         static_cast<int64_t>(layer.gate_scale.size()) == n_ff;
+}
+
+std::vector<MethodChoice> SidecarMethods(const Sidecar& sidecar, const LlamaModel& model) {
+  const LlamaHparams& h = model.hparams();
+  std::vector<MethodChoice> methods = {MethodChoice::kPredicted};
+  const bool gate_first =
+      !GateDecides(h.activation) && !h.is_moe() &&
+      std::all_of(sidecar.layers.begin(), sidecar.layers.end(),
+                  [&](const SidecarLayer& l) { return HasGateFirstStatistics(l, h.n_ff); });
+  if (gate_first) methods.push_back(MethodChoice::kGateFirst);
+  return methods;
+}
+
 double SidecarLevel(const Sidecar& sidecar, double target_sparsity, MethodChoice method) {
   const SidecarCalibration& c = sidecar.calibration;
   if (target_sparsity > 0) return target_sparsity;
@@ -135,8 +151,7 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
     if (predicted_sparsity >= 0 && model.hparams().activation == FfnActivation::kSilu) {
       p.magnitude_threshold = QuantileAt(s.act_abs_quantiles, predicted_sparsity);
     }
-    const bool has_gate = s.gate_score_quantiles.size() == static_cast<size_t>(kQuantileLevels) &&
-                          static_cast<int64_t>(s.gate_scale.size()) == h.n_ff;
+    const bool has_gate = HasGateFirstStatistics(s, h.n_ff);
     if (method == MethodChoice::kGateFirst && !has_gate) {
       return absl::FailedPreconditionError(
           absl::StrCat("layer ", l,

@@ -73,6 +73,11 @@ absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
 absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const LlamaModel& model,
                                                  double target_sparsity = 0,
                                                  MethodChoice method = MethodChoice::kPredicted);
+// Whether a sidecar layer has gate-first's statistics (the score's quantiles and scales).
+bool HasGateFirstStatistics(const SidecarLayer& layer, int64_t n_ff);
+// The methods a sidecar's plan can use for this model: predicted, and gate-first for a SwiGLU
+// model whose every layer has its statistics.
+std::vector<MethodChoice> SidecarMethods(const Sidecar& sidecar, const LlamaModel& model);
 // The sparsity a method's thresholds sit at when the sidecar loads with `target_sparsity` (0: none
 // asked): that one, else the level calibrated for a perplexity target, else the profile's
 // target (gate-first: 0.5 when the profile has none).

@@ -84,12 +84,7 @@ absl::StatusOr<SparsityCalibration> CalibrateSparsity(const LlamaModel& model,
   }
   CalibrationOptions o = options;
   o.n_ctx = std::min(o.n_ctx, h.n_ctx_train);
-  const bool gate_first = std::all_of(sidecar.layers.begin(), sidecar.layers.end(), [&](auto& l) {
-    return l.gate_score_quantiles.size() == static_cast<size_t>(kQuantileLevels) &&
-           static_cast<int64_t>(l.gate_scale.size()) == h.n_ff;
-  });
-  std::vector<MethodChoice> methods = {MethodChoice::kPredicted};
-  if (gate_first) methods.push_back(MethodChoice::kGateFirst);
+  const std::vector<MethodChoice> methods = SidecarMethods(sidecar, model);
   Trials trials(model, text, pool, o, 1 + static_cast<int>(methods.size()) * (2 + o.steps),
                 progress);
 

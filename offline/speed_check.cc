@@ -44,16 +44,19 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 std::string HostCpu() {
-  std::string name;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; name.empty() && std::getline(cpuinfo, line);) {
-    const size_t colon = line.find(':');
-    if (absl::StartsWith(line, "model name") && colon != std::string::npos) {
-      name = std::string(absl::StripAsciiWhitespace(absl::string_view(line).substr(colon + 1)));
+  static const std::string cpu = [] {  // what the machine is does not change while it runs
+    std::string name;
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    for (std::string line; name.empty() && std::getline(cpuinfo, line);) {
+      const size_t colon = line.find(':');
+      if (absl::StartsWith(line, "model name") && colon != std::string::npos) {
+        name = std::string(absl::StripAsciiWhitespace(absl::string_view(line).substr(colon + 1)));
+      }
     }
-  }
-  if (name.empty()) name = "unknown CPU";
-  return absl::StrCat(name, " (", IsaName(BestIsa()), ")");
+    if (name.empty()) name = "unknown CPU";
+    return absl::StrCat(name, " (", IsaName(BestIsa()), ")");
+  }();
+  return cpu;
 }
 
 absl::StatusOr<SpeedCheck> CheckSparseSpeed(const LlamaModel& model, const Sidecar& sidecar,
@@ -78,12 +81,7 @@ absl::StatusOr<SpeedCheck> CheckSparseSpeed(const LlamaModel& model, const Sidec
   EngineOptions eo;  // as `serve` and `generate` build it, on the CPU
   eo.n_ctx =
       std::min<int64_t>(h.n_ctx_train, static_cast<int64_t>(head.size()) + options.gen_tokens + 1);
-  const bool gate_first = std::all_of(sidecar.layers.begin(), sidecar.layers.end(), [&](auto& l) {
-    return l.gate_score_quantiles.size() == static_cast<size_t>(kQuantileLevels) &&
-           static_cast<int64_t>(l.gate_scale.size()) == h.n_ff;
-  });
-  std::vector<MethodChoice> methods = {MethodChoice::kPredicted};
-  if (gate_first && !GateDecides(h.activation)) methods.push_back(MethodChoice::kGateFirst);
+  const std::vector<MethodChoice> methods = SidecarMethods(sidecar, model);
 
   SpeedCheck result;
   result.cpu = HostCpu();

@@ -2,9 +2,9 @@
 // a CPU whose dense mat-vec streams faster than scattered rows can be read, a sparse plan can
 // decode slower than dense (docs/sparse.md, "SwiGLU models"). The profiler measures it once:
 // decode tokens/s of dense and of each method the sidecar supports, at the level a load
-// without --target-sparsity uses; one engine at a time (dense, each method, dense again). The result goes
-// into the sidecar (SidecarSpeed); loading on the same CPU, `--sparse auto` serves dense when
-// dense was faster, and `--sparse-method auto` picks the fastest method
+// without --target-sparsity uses; one engine at a time (dense, each method, dense again). The
+// result goes into the sidecar (SidecarSpeed); loading on the same CPU, `--sparse auto` serves
+// dense when dense was faster, and `--sparse-method auto` picks the fastest method
 // (offline/sparse_source.h).
 #pragma once
 
