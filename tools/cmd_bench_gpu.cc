@@ -346,9 +346,26 @@ int RunBenchGpuCompare(const Args& args) {
                   1e6 * got.wait_s);
     }
     std::printf(
-        "(host: the CPU's part of the layer's FFN; wait: the host blocked on the device "
-        "after it)\n");
+        "(host: the CPU's part of the layer's FFN; wait: the host blocked on the device, before "
+        "its part in a resident layer, after it otherwise)\n");
+    double host = 0, wait = 0;
+    for (const LayerMeasured& m : rows[0].layers) {
+      host += m.host_s;
+      wait += m.wait_s;
+    }
+    if (rows[0].tokens_per_s > 0) {
+      const double token = 1.0 / rows[0].tokens_per_s;
+      std::printf(
+          "(a) per token: %.0f us = host parts %.0f + waits %.0f + the rest %.0f (launches, the "
+          "GPU's attention and head, the CPU's other work)\n",
+          1e6 * token, 1e6 * host, 1e6 * wait, 1e6 * (token - host - wait));
+    }
   }
+  const gpu::GraphCounts graphs = gpu::CudaGraphCounts();
+  std::printf("CUDA graphs: %lld captured, %lld run as direct launches%s%s\n",
+              static_cast<long long>(graphs.captured), static_cast<long long>(graphs.direct),
+              graphs.last_refusal != nullptr ? "; last refusal: " : "",
+              graphs.last_refusal != nullptr ? graphs.last_refusal : "");
   return 0;
 }
 

@@ -2,16 +2,18 @@
 // rows, down_t rows, the compact-row → neuron table, the neuron → compact-row map and the
 // predictor (fc2 of every neuron) live on the GPU; the session's stream (or one of its own),
 // pinned host buffers for xn, the active lists and the partial sums. Every buffer is sized in
-// Create, so no call allocates. Every call first makes the executor's device current (a launching
-// thread may not have it) and checks its own launches before returning, so an error is reported
-// by the call that caused it; a call that fails after queueing work waits for the stream first,
-// so no pinned buffer is left in flight.
+// Create, so no call allocates (a resident layer's CUDA graph is instantiated at its first
+// EnqueueResident and replayed after). Every call first makes the executor's device current (a
+// launching thread may not have it) and checks its own launches before returning, so an error is
+// reported by the call that caused it; a call that fails after queueing work waits for the stream
+// first, so no pinned buffer is left in flight.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_common.h"
+#include "engine/cuda/cuda_graph.h"
 #include "engine/cuda/device_arena.h"
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
@@ -86,6 +88,8 @@ class CudaFfnExecutor : public GpuFfnExecutor {
                   int64_t max_n, cudaStream_t s);
   // After queueing work: this call's launch errors, the stream drained on error.
   absl::Status CheckLaunches(std::string_view what);
+  // EnqueueResident's stream work (captured as a graph): no synchronization in it.
+  absl::Status QueueResident(const DeviceLayer& L, const float* xn, float* x);
 
   int64_t n_embd_;
   int64_t n_ff_;
@@ -119,6 +123,14 @@ class CudaFfnExecutor : public GpuFfnExecutor {
   float* h_res_partial_ = nullptr;    // pinned (n_embd)
   cudaEvent_t host_ready_ = nullptr;  // the host's half has landed
   bool resident_pending_ = false;     // EnqueueResident without WaitHostPart yet
+  // (n_layers) EnqueueResident's launches as one CUDA graph per layer, for the xn and x it was
+  // captured with (the GPU layers always pass the same two).
+  struct ResidentGraph {
+    const float* xn = nullptr;
+    float* x = nullptr;
+    cuda::StreamGraph graph;
+  };
+  std::vector<ResidentGraph> resident_graphs_;
   // Pinned host buffers.
   float* h_x_ = nullptr;         // (n_embd)
   int32_t* h_idx_ = nullptr;     // (max_dev + 1)
@@ -283,6 +295,7 @@ absl::Status CudaFfnExecutor::Init(const GpuFfnSpec& spec) {
   TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_counts_, 2 * 4, cudaHostAllocDefault), "pinned counts");
   TC_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming),
                           "cudaEventCreate");
+  resident_graphs_.resize(layers_.size());
   return absl::OkStatus();
 }
 
@@ -409,6 +422,18 @@ absl::Status CudaFfnExecutor::EnqueueResident(int layer, const float* xn, float*
         absl::StrCat("GPU FFN layer ", layer, " has no device neurons to run resident"));
   }
   TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+  ResidentGraph& g = resident_graphs_[layer];
+  if (g.xn != xn || g.x != x) g = ResidentGraph{xn, x, cuda::StreamGraph()};
+  const absl::Status queued = g.graph.Run(stream_, [&] { return QueueResident(L, xn, x); });
+  if (!queued.ok()) {
+    cudaStreamSynchronize(stream_);  // nothing of this call left in flight
+    return queued;
+  }
+  resident_pending_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaFfnExecutor::QueueResident(const DeviceLayer& L, const float* xn, float* x) {
   const cudaStream_t s = stream_;
   if (need_q8_) cuda::QuantizeQ8_0(xn, n_embd_, d_xq_, s);
   int32_t* dev_count = d_idx_ + max_dev_;
@@ -433,14 +458,18 @@ absl::Status CudaFfnExecutor::EnqueueResident(int layer, const float* xn, float*
   // waits on, while the device computes its part into the residual.
   cudaMemcpyAsync(h_res_xn_, xn, n_embd_ * 4, cudaMemcpyDeviceToHost, s);
   cudaMemcpyAsync(h_res_idx_, d_res_idx_, (n_ff_ + 1) * 4, cudaMemcpyDeviceToHost, s);
-  cudaEventRecord(host_ready_, s);
+  // While capturing, an external record: a node that every replay records, so that the host's
+  // wait in WaitHostPart waits for that replay's copies (the flag is refused outside capture).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(s, &capture);
+  cudaEventRecordWithFlags(
+      host_ready_, s,
+      capture == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault);
   if (L.n_dev > 0) {
     DevicePart(L, xn, d_idx_, dev_count, L.n_dev, s);
     cuda::Add(x, d_out_, n_embd_, s);
   }
-  TC_RETURN_IF_ERROR(CheckLaunches("the GPU FFN's resident launches"));
-  resident_pending_ = true;
-  return absl::OkStatus();
+  return cuda::CudaStatus(cudaGetLastError(), "the GPU FFN's resident launches");
 }
 
 absl::StatusOr<HostPart> CudaFfnExecutor::WaitHostPart() {

@@ -63,6 +63,14 @@ void GatedActivation(int act, float* gate, const float* up, const int32_t* count
 // out (n_head, head_dim); scores: (n_head, n_kv) scratch.
 void Attention(const float* q, const float* k, const float* v, int64_t n_kv, int64_t n_head,
                int64_t n_head_kv, int64_t head_dim, float* scores, float* out, cudaStream_t s);
+// The same with the query's position on the device (n_kv = *pos + 1), so that one launch (a
+// CUDA graph's node) serves every position; scores: (n_head, n_ctx), *pos < n_ctx.
+void AttentionAt(const float* q, const float* k, const float* v, const int32_t* pos, int64_t n_ctx,
+                 int64_t n_head, int64_t n_head_kv, int64_t head_dim, float* scores, float* out,
+                 cudaStream_t s);
+// Row *pos of the caches := k, v; (kv_dim) each.
+void StoreKv(const float* k, const float* v, float* k_cache, float* v_cache, int64_t kv_dim,
+             const int32_t* pos, cudaStream_t s);
 // x += y; (n).
 void Add(float* x, const float* y, int64_t n, cudaStream_t s);
 // h = max(0, h + b); (n).

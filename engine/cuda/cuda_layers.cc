@@ -1,8 +1,12 @@
 // GpuLayers on CUDA (engine/gpu/gpu_layers.h): the weights, norms and KV cache of the GPU layers
 // (and the output head) resident in device memory, one stream, pinned host buffers for the
 // residual stream, the FFN's host round trip and the logits. Every buffer is sized in Init from
-// ScratchOf / ComputeGpuLayersMemory, so Forward never allocates. Tokens of a batch go through
-// the mat-vec kernels one at a time (prefill correctness first; no cuBLAS here).
+// ScratchOf / ComputeGpuLayersMemory, so Forward allocates nothing per token (a decode step's
+// graph is instantiated the first time that step runs). Tokens of a batch go through
+// the mat-vec kernels one at a time (prefill correctness first; no cuBLAS here). Attention reads
+// each token's position from device memory, so a decode step's launches are the same at every
+// position and run as CUDA graphs (cuda_graph.h): whole layers as one graph per range of layers,
+// a resident hybrid layer as one graph for its attention and one for the executor's half.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -10,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_common.h"
+#include "engine/cuda/cuda_graph.h"
 #include "engine/cuda/device_arena.h"
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_layers.h"
@@ -20,6 +25,7 @@ namespace {
 
 using cuda::DeviceArena;
 using cuda::DevMatrix;
+using cuda::StreamGraph;
 using cuda::UsesQ8Activations;
 
 struct DevLayer {
@@ -43,7 +49,9 @@ class CudaGpuLayers : public GpuLayers {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (staged_ != nullptr) cudaEventDestroy(staged_);
     if (stream_ != nullptr && own_stream_) cudaStreamDestroy(stream_);
-    for (float* p : {h_in_, h_xn_, h_out_, h_logits_}) {
+    for (void* p :
+         {static_cast<void*>(h_in_), static_cast<void*>(h_xn_), static_cast<void*>(h_out_),
+          static_cast<void*>(h_logits_), static_cast<void*>(h_pos_)}) {
       if (p != nullptr) cudaFreeHost(p);
     }
   }
@@ -70,16 +78,23 @@ class CudaGpuLayers : public GpuLayers {
   void MatVec(const DevMatrix& m, const float* x, float* y) {
     cuda::MatVec(m, Input(m, x, m.cols), nullptr, nullptr, m.rows, y, stream_);
   }
-  // Token t of the chunk at position p: x_t += attention(norm(x_t)); K, V stored at row p.
-  void Attention(const DevLayer& L, int64_t t, int64_t p);
+  // Token t of the chunk: x_t += attention(norm(x_t)); K, V stored at row d_pos_[t].
+  void Attention(const DevLayer& L, int64_t t);
   // x_t += FFN(norm(x_t)), dense on the device.
   void DenseFfn(const DevLayer& L, int64_t t);
   // The FFN of tokens 0..m-1 through spec_.host_ffn: x and xn down, the output back up.
   absl::Status HostFfn(int layer, const DevLayer& L, int64_t m);
-  // The FFN of token 0 in resident mode (spec_.device_ffn): xn stays here, the executor
-  // predicts and adds its part into the residual, the host computes its listed part, and only
-  // that partial sum comes back. One host sync.
-  absl::Status ResidentFfn(int layer, const DevLayer& L);
+  // One decode token through whole layers [first, last) and `tail`, as one graph.
+  enum class Tail { kNone, kX, kLogits };  // then: nothing, x down to h_in_, logits to h_logits_
+  absl::Status DecodeStep(int64_t first, int64_t last, Tail tail);
+  // Token 0's layer `layer` in resident mode (spec_.device_ffn): attention and ffn_norm as one
+  // graph; xn stays here, the executor predicts and adds its part into the residual, the host
+  // computes its listed part, and only that partial sum comes back. One host sync.
+  absl::Status ResidentLayer(int layer, const DevLayer& L);
+  // This call's launch errors, without waiting (a capture may be open).
+  static absl::Status LaunchError(std::string_view what) {
+    return cuda::CudaStatus(cudaGetLastError(), what);
+  }
   // After queueing work: this call's launch errors, the stream drained on error.
   absl::Status CheckLaunches(std::string_view what);
   // Logits of token t into host row out.
@@ -94,18 +109,27 @@ class CudaGpuLayers : public GpuLayers {
   DevMatrix output_w_;
   int64_t batch_ = 1;
   const float* quantized_ = nullptr;  // whose Q8_0 copy d_xq_ holds (stream order)
+  struct StepGraph {
+    int64_t first, last;
+    Tail tail;
+    StreamGraph graph;
+  };
+  std::vector<StepGraph> step_graphs_;         // DecodeStep's, one per (first, last, tail) seen
+  std::vector<StreamGraph> attention_graphs_;  // (n_layer) ResidentLayer's
 
   // Device scratch (ScratchOf).
   float *d_x_ = nullptr, *d_rope_ = nullptr, *d_xn_ = nullptr, *d_q_ = nullptr, *d_att_ = nullptr;
   float *d_tmp_ = nullptr, *d_gate_ = nullptr, *d_up_ = nullptr, *d_scores_ = nullptr;
-  float* d_logits_ = nullptr;
+  float *d_logits_ = nullptr, *d_k_ = nullptr, *d_v_ = nullptr;
+  int32_t* d_pos_ = nullptr;  // (batch) the chunk's positions
   void* d_xq_ = nullptr;
   // Pinned host buffers: x in and out plus the RoPE table, (batch, n_embd + rope_dim); the host
   // FFN's xn and output, (batch, n_embd) each; logits (n_vocab).
   float *h_in_ = nullptr, *h_xn_ = nullptr, *h_out_ = nullptr, *h_logits_ = nullptr;
+  int32_t* h_pos_ = nullptr;       // (batch), uploaded to d_pos_ with x
   cudaStream_t stream_ = nullptr;  // the session's (spec.queue), or the layers' own
   bool own_stream_ = false;
-  cudaEvent_t staged_ = nullptr;  // h_in_'s upload has been read: it may be written again
+  cudaEvent_t staged_ = nullptr;  // h_in_'s and h_pos_'s uploads have been read
   std::vector<double> waits_;     // (n_layer) resident_wait_seconds
 };
 
@@ -179,15 +203,20 @@ absl::Status CudaGpuLayers::Init() {
     int64_t n;
     const char* what;
   };
-  for (const Buf& b : {Buf{&d_x_, s.x, "x"}, Buf{&d_rope_, s.rope, "rope"}, Buf{&d_xn_, s.xn, "xn"},
-                       Buf{&d_q_, s.q, "q"}, Buf{&d_att_, s.att, "att"}, Buf{&d_tmp_, s.tmp, "tmp"},
-                       Buf{&d_gate_, s.gate, "gate"}, Buf{&d_up_, s.up, "up"},
-                       Buf{&d_scores_, s.scores, "scores"}}) {
+  for (const Buf& b :
+       {Buf{&d_x_, s.x, "x"}, Buf{&d_rope_, s.rope, "rope"}, Buf{&d_xn_, s.xn, "xn"},
+        Buf{&d_q_, s.q, "q"}, Buf{&d_att_, s.att, "att"}, Buf{&d_tmp_, s.tmp, "tmp"},
+        Buf{&d_gate_, s.gate, "gate"}, Buf{&d_up_, s.up, "up"}, Buf{&d_scores_, s.scores, "scores"},
+        Buf{&d_k_, s.k, "k"}, Buf{&d_v_, s.v, "v"}}) {
     absl::StatusOr<float*> p =
         arena_.AllocateArray<float>(b.n, absl::StrCat("GPU layers scratch (", b.what, ")"));
     if (!p.ok()) return p.status();
     *b.p = *p;
   }
+  absl::StatusOr<int32_t*> positions =
+      arena_.AllocateArray<int32_t>(s.pos, "GPU layers scratch (positions)");
+  if (!positions.ok()) return positions.status();
+  d_pos_ = *positions;
   absl::StatusOr<void*> xq = arena_.Allocate(s.xq_bytes, "GPU layers scratch (q8 activations)");
   if (!xq.ok()) return xq.status();
   d_xq_ = *xq;
@@ -197,6 +226,9 @@ absl::Status CudaGpuLayers::Init() {
   const int64_t rope = std::max<int64_t>(h_.rope_dim, 1);
   TC_CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(&h_in_, batch_ * (h_.n_embd + rope) * 4, cudaHostAllocDefault), "pinned x");
+  TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_pos_, batch_ * 4, cudaHostAllocDefault),
+                          "pinned positions");
+  attention_graphs_.resize(h_.n_layer);
   if (spec_.host_ffn != nullptr) {
     TC_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&h_xn_, batch_ * h_.n_embd * 4, cudaHostAllocDefault),
                             "pinned xn");
@@ -210,22 +242,21 @@ absl::Status CudaGpuLayers::Init() {
   return absl::OkStatus();
 }
 
-void CudaGpuLayers::Attention(const DevLayer& L, int64_t t, int64_t p) {
-  const int64_t d = h_.n_embd, kv_dim = h_.kv_dim();
+void CudaGpuLayers::Attention(const DevLayer& L, int64_t t) {
+  const int64_t d = h_.n_embd;
   float* x = d_x_ + t * d;
   float* xn = d_xn_ + t * d;
   const float* cs = d_rope_ + t * std::max<int64_t>(h_.rope_dim, 1);
-  float* k = L.k_cache + p * kv_dim;
-  float* v = L.v_cache + p * kv_dim;
   cuda::RmsNorm(x, L.attn_norm, d, h_.rms_eps, xn, stream_);
   quantized_ = nullptr;
   MatVec(L.wq, xn, d_q_);
-  MatVec(L.wk, xn, k);
-  MatVec(L.wv, xn, v);
+  MatVec(L.wk, xn, d_k_);
+  MatVec(L.wv, xn, d_v_);
   cuda::Rope(d_q_, h_.n_head, h_.head_dim, h_.rope_dim, cs, stream_);
-  cuda::Rope(k, h_.n_head_kv, h_.head_dim, h_.rope_dim, cs, stream_);
-  cuda::Attention(d_q_, L.k_cache, L.v_cache, p + 1, h_.n_head, h_.n_head_kv, h_.head_dim,
-                  d_scores_, d_att_, stream_);
+  cuda::Rope(d_k_, h_.n_head_kv, h_.head_dim, h_.rope_dim, cs, stream_);
+  cuda::StoreKv(d_k_, d_v_, L.k_cache, L.v_cache, h_.kv_dim(), d_pos_ + t, stream_);
+  cuda::AttentionAt(d_q_, L.k_cache, L.v_cache, d_pos_ + t, spec_.n_ctx, h_.n_head, h_.n_head_kv,
+                    h_.head_dim, d_scores_, d_att_, stream_);
   quantized_ = nullptr;
   MatVec(L.wo, d_att_, d_tmp_);
   cuda::Add(x, d_tmp_, d, stream_);
@@ -260,9 +291,36 @@ absl::Status CudaGpuLayers::HostFfn(int layer, const DevLayer& L, int64_t m) {
   return absl::OkStatus();
 }
 
-absl::Status CudaGpuLayers::ResidentFfn(int layer, const DevLayer& L) {
+absl::Status CudaGpuLayers::DecodeStep(int64_t first, int64_t last, Tail tail) {
+  StepGraph* g = nullptr;
+  for (StepGraph& s : step_graphs_) {
+    if (s.first == first && s.last == last && s.tail == tail) g = &s;
+  }
+  if (g == nullptr) g = &step_graphs_.emplace_back(StepGraph{first, last, tail, StreamGraph()});
+  return g->graph.Run(stream_, [&]() -> absl::Status {
+    for (int64_t l = first; l < last; ++l) {
+      Attention(layers_[l], 0);
+      DenseFfn(layers_[l], 0);
+    }
+    if (tail == Tail::kLogits) {
+      cuda::RmsNorm(d_x_, out_norm_, h_.n_embd, h_.rms_eps, d_xn_, stream_);
+      quantized_ = nullptr;
+      MatVec(output_w_, d_xn_, d_logits_);
+      cudaMemcpyAsync(h_logits_, d_logits_, h_.n_vocab * 4, cudaMemcpyDeviceToHost, stream_);
+    } else if (tail == Tail::kX) {
+      cudaMemcpyAsync(h_in_, d_x_, h_.n_embd * 4, cudaMemcpyDeviceToHost, stream_);
+    }
+    return LaunchError("the GPU layers' decode step");
+  });
+}
+
+absl::Status CudaGpuLayers::ResidentLayer(int layer, const DevLayer& L) {
   const int64_t d = h_.n_embd;
-  cuda::RmsNorm(d_x_, L.ffn_norm, d, h_.rms_eps, d_xn_, stream_);
+  TC_RETURN_IF_ERROR(attention_graphs_[layer].Run(stream_, [&]() -> absl::Status {
+    Attention(L, 0);
+    cuda::RmsNorm(d_x_, L.ffn_norm, d, h_.rms_eps, d_xn_, stream_);
+    return LaunchError("the GPU layers' attention");
+  }));
   GpuFfnExecutor& device = *spec_.device_ffn;
   TC_RETURN_IF_ERROR(device.EnqueueResident(layer, d_xn_, d_x_));
   const auto t0 = std::chrono::steady_clock::now();
@@ -317,22 +375,47 @@ absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64
     if (c0 > 0) TC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staged_), "the GPU layers' staging");
     std::memcpy(h_in_, x + c0 * d, m * d * 4);
     std::memcpy(h_in_ + batch_ * d, cos_sin + c0 * h_.rope_dim, m * h_.rope_dim * 4);
+    for (int64_t t = 0; t < m; ++t) h_pos_[t] = static_cast<int32_t>(pos + c0 + t);
     cudaMemcpyAsync(d_x_, h_in_, m * d * 4, cudaMemcpyHostToDevice, stream_);
     cudaMemcpyAsync(d_rope_, h_in_ + batch_ * d, m * rope * 4, cudaMemcpyHostToDevice, stream_);
+    cudaMemcpyAsync(d_pos_, h_pos_, m * 4, cudaMemcpyHostToDevice, stream_);
     cudaEventRecord(staged_, stream_);
+    float* const row_logits = logits == nullptr ? nullptr
+                              : all_rows        ? logits + c0 * h_.n_vocab
+                              : c0 + m == n     ? logits
+                                                : nullptr;
+    if (m == 1 && spec_.host_ffn == nullptr) {
+      // A decode token through whole layers: one graph.
+      const Tail tail = logits == nullptr       ? Tail::kX
+                        : row_logits != nullptr ? Tail::kLogits
+                                                : Tail::kNone;
+      if (absl::Status st = DecodeStep(first, last, tail); !st.ok()) {
+        cudaStreamSynchronize(stream_);  // nothing of this call left in flight
+        return st;
+      }
+      if (tail == Tail::kNone) continue;
+      TC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "the GPU layers");
+      if (tail == Tail::kLogits) {
+        std::memcpy(row_logits, h_logits_, h_.n_vocab * 4);
+      } else {
+        std::memcpy(x + c0 * d, h_in_, d * 4);
+      }
+      continue;
+    }
     for (int64_t l = first; l < last; ++l) {
       const DevLayer& L = layers_[l];
       if (spec_.host_ffn != nullptr && spec_.device_ffn != nullptr && m == 1) {
-        Attention(L, 0, pos + c0);
-        TC_RETURN_IF_ERROR(CheckLaunches("the GPU layers' attention"));
-        TC_RETURN_IF_ERROR(ResidentFfn(static_cast<int>(l), L));
+        if (absl::Status st = ResidentLayer(static_cast<int>(l), L); !st.ok()) {
+          cudaStreamSynchronize(stream_);
+          return st;
+        }
       } else if (spec_.host_ffn != nullptr) {
-        for (int64_t t = 0; t < m; ++t) Attention(L, t, pos + c0 + t);
+        for (int64_t t = 0; t < m; ++t) Attention(L, t);
         TC_RETURN_IF_ERROR(CheckLaunches("the GPU layers' attention"));
         TC_RETURN_IF_ERROR(HostFfn(static_cast<int>(l), L, m));
       } else {
         for (int64_t t = 0; t < m; ++t) {
-          Attention(L, t, pos + c0 + t);
+          Attention(L, t);
           DenseFfn(L, t);
         }
       }

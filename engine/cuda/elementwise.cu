@@ -80,15 +80,18 @@ __global__ void GatedActivationKernel(int act, float* gate, const float* up, con
 
 // One block per head. Scores in global scratch; out = Σ_j softmax_j · v_j, computed by
 // kThreads / head_dim groups of threads over interleaved j, summed in a fixed order.
+// n_kv: *pos + 1 when pos is given; scores of head h start at h * score_stride.
 __global__ void AttentionKernel(const float* q, const float* k, const float* v, int64_t n_kv,
-                                int64_t n_head, int64_t group, int64_t head_dim, int64_t kv_dim,
-                                float* scores, float* out) {
+                                const int32_t* pos, int64_t score_stride, int64_t n_head,
+                                int64_t group, int64_t head_dim, int64_t kv_dim, float* scores,
+                                float* out) {
   __shared__ float shared[32];
   __shared__ float acc[kThreads];
+  if (pos != nullptr) n_kv = *pos + 1;
   const int64_t head = blockIdx.x;
   const int64_t kv_off = (head / group) * head_dim;
   const float* qh = q + head * head_dim;
-  float* sc = scores + head * n_kv;
+  float* sc = scores + head * score_stride;
   const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
   float max = -INFINITY;
   for (int64_t j = threadIdx.x; j < n_kv; j += blockDim.x) {
@@ -124,6 +127,15 @@ __global__ void AttentionKernel(const float* q, const float* k, const float* v, 
       out[head * head_dim + i0 + threadIdx.x] = total * inv;
     }
   }
+}
+
+__global__ void StoreKvKernel(const float* k, const float* v, float* k_cache, float* v_cache,
+                              int64_t kv_dim, const int32_t* pos) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= kv_dim) return;
+  const int64_t row = static_cast<int64_t>(*pos) * kv_dim;
+  k_cache[row + i] = k[i];
+  v_cache[row + i] = v[i];
 }
 
 __global__ void AddKernel(float* x, const float* y, int64_t n) {
@@ -236,7 +248,23 @@ void Attention(const float* q, const float* k, const float* v, int64_t n_kv, int
                int64_t n_head_kv, int64_t head_dim, float* scores, float* out, cudaStream_t s) {
   if (n_head == 0 || n_kv == 0) return;
   AttentionKernel<<<static_cast<unsigned>(n_head), kThreads, 0, s>>>(
-      q, k, v, n_kv, n_head, n_head / n_head_kv, head_dim, n_head_kv * head_dim, scores, out);
+      q, k, v, n_kv, nullptr, n_kv, n_head, n_head / n_head_kv, head_dim, n_head_kv * head_dim,
+      scores, out);
+}
+
+void AttentionAt(const float* q, const float* k, const float* v, const int32_t* pos, int64_t n_ctx,
+                 int64_t n_head, int64_t n_head_kv, int64_t head_dim, float* scores, float* out,
+                 cudaStream_t s) {
+  if (n_head == 0) return;
+  AttentionKernel<<<static_cast<unsigned>(n_head), kThreads, 0, s>>>(
+      q, k, v, 0, pos, n_ctx, n_head, n_head / n_head_kv, head_dim, n_head_kv * head_dim, scores,
+      out);
+}
+
+void StoreKv(const float* k, const float* v, float* k_cache, float* v_cache, int64_t kv_dim,
+             const int32_t* pos, cudaStream_t s) {
+  if (kv_dim <= 0) return;
+  StoreKvKernel<<<Blocks(kv_dim, kThreads), kThreads, 0, s>>>(k, v, k_cache, v_cache, kv_dim, pos);
 }
 
 void Add(float* x, const float* y, int64_t n, cudaStream_t s) {

@@ -41,4 +41,14 @@ bool DeviceAvailable();
 // The weight types the CUDA kernels compute (false for every type without the CUDA backend).
 bool TypeSupported(GgmlType type);
 
+// Decode steps' CUDA graphs (engine/cuda/cuda_graph.h) in this process so far: captured and
+// instantiated, or run as direct launches (THERMOCLINE_CUDA_GRAPHS=0, or a capture the driver
+// refused). Zero without the CUDA backend.
+struct GraphCounts {
+  int64_t captured = 0;
+  int64_t direct = 0;
+  const char* last_refusal = nullptr;  // CUDA's message for the last refused capture, if any
+};
+GraphCounts CudaGraphCounts();
+
 }  // namespace thermocline::gpu

@@ -42,6 +42,9 @@ GpuLayersScratch ScratchOf(const GpuLayersSpec& spec) {
   s.gate = spec.host_ffn == nullptr ? h.n_ff : 0;
   s.up = s.gate;
   s.scores = h.n_head * spec.n_ctx;
+  s.k = h.kv_dim();
+  s.v = h.kv_dim();
+  s.pos = b;
   s.xq_bytes = std::max({h.n_embd, h.q_dim(), h.n_ff}) / 32 * 34;
   s.logits = spec.output ? h.n_vocab : 0;
   return s;
@@ -60,9 +63,10 @@ GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec) {
   const LlamaHparams& h = m.hparams();
   const GpuLayersScratch s = ScratchOf(spec);
   GpuLayersMemory mem;
-  for (int64_t n : {s.x, s.rope, s.xn, s.q, s.att, s.tmp, s.gate, s.up, s.scores}) {
+  for (int64_t n : {s.x, s.rope, s.xn, s.q, s.att, s.tmp, s.gate, s.up, s.scores, s.k, s.v}) {
     mem.scratch += Granules(n * sizeof(float));
   }
+  mem.scratch += Granules(s.pos * sizeof(int32_t));
   mem.scratch += Granules(s.xq_bytes);
   const uint64_t norm = Granules(h.n_embd * sizeof(float));
   const uint64_t kv = Granules(static_cast<uint64_t>(spec.n_ctx) * h.kv_dim() * sizeof(float));

@@ -58,6 +58,8 @@ GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec);
 // for the estimate above and the allocation.
 struct GpuLayersScratch {
   int64_t x = 0, rope = 0, xn = 0, q = 0, att = 0, tmp = 0, gate = 0, up = 0, scores = 0;
+  int64_t k = 0, v = 0;  // one token's K and V before they are stored at its position
+  int64_t pos = 0;       // int32 positions of a batch's tokens (attention reads them there)
   int64_t xq_bytes = 0;  // Q8_0 blocks of the longest activation
   int64_t logits = 0;    // 0 without the output head
 };

@@ -19,6 +19,7 @@ absl::StatusOr<DeviceInfo> Probe(int index) { return NoCuda(); }
 bool DeviceAvailable() { return false; }
 absl::StatusOr<std::unique_ptr<Queue>> CreateCudaQueue(int index) { return NoCuda(); }
 bool TypeSupported(GgmlType type) { return false; }
+GraphCounts CudaGraphCounts() { return {}; }
 
 absl::StatusOr<std::unique_ptr<GpuFfnExecutor>> CreateGpuFfnExecutor(const GpuFfnSpec& spec) {
   return NoCuda();

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "bench/gpu_ops.h"
@@ -20,19 +21,28 @@
 namespace thermocline {
 namespace {
 
+// Uniform(-1, 1) weights quantized to `type`, rows split among the machine's threads (the
+// K-quant and IQ4 quantizers search scales: seconds per matrix on one thread).
 OwnedWeight RandomWeight(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> row(cols);
   OwnedWeight w;
   w.view = {type, rows, cols, nullptr, RowBytes(type, cols)};
   w.data.resize(w.view.row_bytes * rows);
   w.view.data = w.data.data();
   const TypeKernels& k = *KernelsFor(type);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (float& f : row) f = dist(rng);
-    k.from_float(row.data(), w.data.data() + r * w.view.row_bytes, cols);
+  const int64_t n_threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::thread> threads;
+  for (int64_t t = 0; t < n_threads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(seed * 1000003u + static_cast<uint32_t>(t));
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      std::vector<float> row(cols);
+      for (int64_t r = t; r < rows; r += n_threads) {
+        for (float& f : row) f = dist(rng);
+        k.from_float(row.data(), w.data.data() + r * w.view.row_bytes, cols);
+      }
+    });
   }
+  for (std::thread& th : threads) th.join();
   return w;
 }
 
@@ -55,8 +65,10 @@ int Main(int argc, char** argv) {
   if (!ops.ok()) return Fail(ops.status(), "GpuOps::Create");
   const int64_t n_embd = small ? 1024 : 4096, n_ff = small ? 2816 : 11008;
   const int iters = small ? 20 : 100;
-  const GgmlType types[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                            GgmlType::kQ4_0};
+  const GgmlType types[] = {GgmlType::kF32,  GgmlType::kF16,    GgmlType::kBF16,  GgmlType::kQ8_0,
+                            GgmlType::kQ4_0, GgmlType::kQ4_1,   GgmlType::kQ5_0,  GgmlType::kQ5_1,
+                            GgmlType::kQ2_K, GgmlType::kQ3_K,   GgmlType::kQ4_K,  GgmlType::kQ5_K,
+                            GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
 
   std::printf(
       "\n1-2. (%lld x %lld) per type: dense mat-vec; row-sparse mat-vec and axpy with 10%% "
@@ -72,7 +84,7 @@ int Main(int argc, char** argv) {
     if (!axpy.ok()) return Fail(axpy.status(), "TimeSparseAxpy");
     const double bytes = static_cast<double>(w.view.row_bytes) * n_ff;
     std::printf(
-        "%-5s dense %8.1f us %7.1f GB/s | sparse %8.1f us (%.3fx dense) | axpy %8.1f us "
+        "%-6s dense %8.1f us %7.1f GB/s | sparse %8.1f us (%.3fx dense) | axpy %8.1f us "
         "%7.1f GB/s (%.3fx dense)\n",
         TypeName(type), *dense * 1e6, bytes / *dense / 1e9, *sparse * 1e6, *sparse / *dense,
         *axpy * 1e6, bytes / 10 / *axpy / 1e9, *axpy / *dense);

@@ -9,6 +9,12 @@
 #   BUILD=dir JOBS=n tests/gpu/run.sh
 #   Q4_LAYERS=32 F16_LAYERS=8 GEN=16 tests/gpu/run.sh   # the synthetic models' depth (7B: 32);
 #   F16_LAYERS=0 skips the F16 model. SYNTH_DIR holds the models (default $BUILD/synth).
+#   PREBUILT=1 BUILD=dir tests/gpu/run.sh   # binaries built elsewhere (for example with
+#     -DCMAKE_CUDA_ARCHITECTURES=90 on a machine with the packages of scripts/setup.sh): no
+#     configure, no build; dir holds tools/thermocline and tests/thermocline_cuda_{tests,bench}.
+#   TEST_TIMEOUT=s KERNEL_BENCH_TIMEOUT=s COMPARE_TIMEOUT=s   # per step (180, 180, 300)
+#   KEEP_GOING=1 tests/gpu/run.sh          # after a failed step, run the next ones (the check
+#     still fails at the end): one run on a scarce machine shows every failure.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-gpu}
@@ -22,7 +28,12 @@ JOBS=${JOBS:-$(nproc)}
 LOG=${LOG:-$BUILD/gpu-run}
 t0=$(date +%s)
 step() { echo; echo "== $* ($(( $(date +%s) - t0 )) s)"; }
-fail() { echo "GPU CHECK FAILED: $*" >&2; exit 1; }
+failures=()
+fail() {
+  echo "GPU CHECK FAILED: $*" >&2
+  [ "${KEEP_GOING:-0}" = 1 ] || exit 1
+  failures+=("$*")
+}
 
 if [ -z "${CUDACXX:-}" ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDACXX=/usr/local/cuda/bin/nvcc
@@ -31,23 +42,29 @@ step "device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
   fail "nvidia-smi found no GPU"
 
-step "configure ($BUILD, CUDA on, this GPU's architecture only)"
 mkdir -p "$LOG"
-cmake -S . -B "$BUILD" -DTHERMOCLINE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=native \
-  -DCMAKE_BUILD_TYPE=Release >"$LOG/configure.log" 2>&1 ||
-  { tail -30 "$LOG/configure.log"; fail "configure"; }
-grep -q "CUDA backend: ON" "$LOG/configure.log" || fail "the CUDA backend is not enabled"
+if [ "${PREBUILT:-0}" = 1 ]; then
+  for b in tools/thermocline tests/thermocline_cuda_tests tests/thermocline_cuda_bench; do
+    [ -x "$BUILD/$b" ] || { KEEP_GOING=0; fail "PREBUILT=1 but $BUILD/$b is missing"; }
+  done
+else
+  step "configure ($BUILD, CUDA on, this GPU's architecture only)"
+  cmake -S . -B "$BUILD" -DTHERMOCLINE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=native \
+    -DCMAKE_BUILD_TYPE=Release >"$LOG/configure.log" 2>&1 ||
+    { tail -30 "$LOG/configure.log"; KEEP_GOING=0; fail "configure"; }
+  grep -q "CUDA backend: ON" "$LOG/configure.log" || { KEEP_GOING=0; fail "the CUDA backend is not enabled"; }
 
-step "build (-j$JOBS)"
-timeout 360 cmake --build "$BUILD" -j"$JOBS" --target thermocline_cuda_tests thermocline_cuda_bench thermocline \
-  >"$LOG/build.log" 2>&1 || { grep -E "error|Error" "$LOG/build.log" | head -30; fail "build"; }
+  step "build (-j$JOBS)"
+  timeout 360 cmake --build "$BUILD" -j"$JOBS" --target thermocline_cuda_tests thermocline_cuda_bench thermocline \
+    >"$LOG/build.log" 2>&1 || { grep -E "error|Error" "$LOG/build.log" | head -30; KEEP_GOING=0; fail "build"; }
+fi
 
 step "[cuda] and [gpu] tests"
 export THERMOCLINE_TEST_MODELS=${THERMOCLINE_TEST_MODELS:-$(cd .. && pwd)/shared/models}
 [ -f "$THERMOCLINE_TEST_MODELS/relu-tiny.f32.gguf" ] ||
   fail "no test models in $THERMOCLINE_TEST_MODELS (set THERMOCLINE_TEST_MODELS)"
 set +e
-timeout 180 "$BUILD/tests/thermocline_cuda_tests" "[cuda],[gpu]" --durations yes >"$LOG/tests.log" 2>&1
+timeout "${TEST_TIMEOUT:-180}" "$BUILD/tests/thermocline_cuda_tests" "[cuda],[gpu]" --durations yes >"$LOG/tests.log" 2>&1
 rc=$?
 set -e
 tail -40 "$LOG/tests.log"
@@ -65,7 +82,7 @@ passed=$(grep -Eo "All tests passed \([0-9]+ assertions in [0-9]+ test cases\)" 
 [ -n "$passed" ] || fail "no test summary in $LOG/tests.log"
 
 step "CUDA kernel benchmark"
-timeout 180 "$BUILD/tests/thermocline_cuda_bench" | tee "$LOG/bench.txt" ||
+timeout "${KERNEL_BENCH_TIMEOUT:-180}" "$BUILD/tests/thermocline_cuda_bench" | tee "$LOG/bench.txt" ||
   fail "benchmark (exit ${PIPESTATUS[0]})"
 
 # The decode comparison: synth (random weights with a power-law ReLU firing pattern and the
@@ -82,13 +99,13 @@ compare() {  # type layers
     timeout 240 "$TC" synth --layers "$layers" --embd 4096 --ff 11008 --heads 32 --kv-heads 32 \
       --vocab 32000 --ctx 2048 --type "$type" --activation relu --sparsity 0.9 \
       --hot-fraction 0.03 --threads "$JOBS" -o "$model" --sidecar "$sidecar" \
-      >"$LOG/synth-$type.log" 2>&1 || { tail -5 "$LOG/synth-$type.log"; fail "synth $type"; }
+      >"$LOG/synth-$type.log" 2>&1 || { tail -5 "$LOG/synth-$type.log"; fail "synth $type"; return; }
   fi
   local cap=$(( $(stat -c %s "$model") * 2 / 5 ))
   timeout 120 "$TC" solve -m "$model" --sidecar "$sidecar" --gpu-memory "$cap" \
     --context $(( PROMPT + GEN + 1 )) --time-limit 20 --threads "$JOBS" \
-    >"$LOG/solve-$type.log" 2>&1 || { tail -5 "$LOG/solve-$type.log"; fail "solve $type"; }
-  timeout 300 "$TC" bench -m "$model" --sidecar "$sidecar" --gpu-compare --gpu-memory "$cap" \
+    >"$LOG/solve-$type.log" 2>&1 || { tail -5 "$LOG/solve-$type.log"; fail "solve $type"; return; }
+  timeout "${COMPARE_TIMEOUT:-300}" "$TC" bench -m "$model" --sidecar "$sidecar" --gpu-compare --gpu-memory "$cap" \
     --prompt-tokens $PROMPT --gen-tokens "$GEN" --repetitions 3 --threads "$JOBS" \
     | tee "$LOG/compare-$type.txt" || fail "bench --gpu-compare $type (exit ${PIPESTATUS[0]})"
 }
@@ -96,7 +113,7 @@ compare q4_0 "$Q4_LAYERS"
 [ "$F16_LAYERS" -gt 0 ] && compare f16 "$F16_LAYERS"
 
 step "summary"
-echo "tests:     $passed"
+echo "tests:     ${passed:-FAILED}"
 echo "kernels:   $LOG/bench.txt"
 for f in "$LOG"/compare-*.txt; do
   [ -f "$f" ] || continue
@@ -104,4 +121,8 @@ for f in "$LOG"/compare-*.txt; do
   sed 's/^/  /' "$f"
 done
 echo "total:     $(( $(date +%s) - t0 )) s"
+if [ ${#failures[@]} -gt 0 ]; then
+  printf 'GPU CHECK FAILED: %s\n' "${failures[@]}" >&2
+  exit 1
+fi
 echo "GPU CHECK PASSED"

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <tuple>
@@ -33,6 +34,10 @@ const std::vector<int32_t> kPrompt = {1, 403, 261, 290, 7, 45, 300};
 
 EngineOptions Options(const gpu::Device* device) {
   EngineOptions o;
+  // The GPU layers' KV cache is F32 (docs/cuda.md): with the CPU's default F16 cache the CPU
+  // computes attention at another precision, which moves a quantized relu-tiny's logits by ~1%
+  // of their range (the CPU alone, F16 vs F32 cache) and its greedy tokens after 5.
+  o.kv_type = KvType::kF32;
   o.n_ctx = 96;
   o.max_batch = 4;  // the prompt crosses chunks
   o.device = device;
@@ -445,6 +450,78 @@ TEST_CASE("front door, CUDA: Q8_0 and Q4_0 relu-tiny in whole layers", "[cuda]")
     const std::string out = (testing::TempDir() / (std::string("relu-tiny.") + type)).string();
     REQUIRE(QuantizeModel(path, out, *FindQuantMix(type), pool).ok());
     WholeLayers(&gpu::CudaDevice(), CachedModel(out));
+  }
+}
+
+// The logits of n greedy decode steps after kPrompt, one row per step.
+std::vector<float> DecodeLogits(Session& s, int n) {
+  const int64_t n_vocab = s.model().hparams().n_vocab;
+  s.Reset();
+  absl::Status st = s.Eval(kPrompt);
+  if (!st.ok()) FAIL(st.ToString());
+  std::vector<float> all;
+  for (int i = 0; i < n; ++i) {
+    const float* l = s.logits();
+    all.insert(all.end(), l, l + n_vocab);
+    const int32_t next = static_cast<int32_t>(std::max_element(l, l + n_vocab) - l);
+    st = s.Eval({&next, 1});
+    if (!st.ok()) FAIL(st.ToString());
+  }
+  return all;
+}
+
+// A decode step runs as CUDA graphs (whole layers: one per range of layers; a resident hybrid
+// layer: its attention and the executor's half). A replay runs the captured kernels with the
+// captured arguments, so it must give the direct launches' logits bit for bit; a position baked
+// into a graph instead of read from device memory would break that from the second step on.
+TEST_CASE("front door, CUDA: decode steps as CUDA graphs give the direct launches' logits",
+          "[cuda]") {
+  if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
+  const std::string path = TestModelPath("relu-tiny.f32.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  const int64_t n = model.hparams().n_layer;
+  ThreadPool pool(2);
+  struct Case {
+    const char* what;
+    bool hybrid;
+    int64_t gpu_layers;
+    int64_t max_batch;
+  };
+  for (const Case& c : {Case{"whole layers, the head too", false, gpu::kAutoLayers, 4},
+                        Case{"half the layers, prompt token by token", false, n / 2, 1},
+                        Case{"resident hybrid layers", true, 0, 4}}) {
+    INFO(c.what);
+    auto run = [&](bool graphs) {
+      // Graphs off for this run only, also when a REQUIRE inside throws.
+      struct GraphsOff {
+        explicit GraphsOff(bool off) {
+          if (off) setenv("THERMOCLINE_CUDA_GRAPHS", "0", 1);
+        }
+        ~GraphsOff() { unsetenv("THERMOCLINE_CUDA_GRAPHS"); }
+      } scope(!graphs);
+      EngineOptions o = Options(&gpu::CudaDevice());
+      o.max_batch = c.max_batch;
+      std::optional<SparsePlan> plan;
+      if (c.hybrid) {
+        o.gpu_memory = uint64_t{1} << 30;
+        plan = OraclePlan(model, std::vector<uint8_t>(n, 1), true, 0.5, 7);
+      } else {
+        o.gpu_layers = c.gpu_layers;
+      }
+      auto s = NewEngineSession(model, std::move(plan), pool, o);
+      REQUIRE(s->device_bytes() > 0);
+      return DecodeLogits(s->session(), 16);
+    };
+    const gpu::GraphCounts before = gpu::CudaGraphCounts();
+    const std::vector<float> with = run(true);
+    const gpu::GraphCounts mid = gpu::CudaGraphCounts();
+    INFO("last refused capture: " << (mid.last_refusal ? mid.last_refusal : "none"));
+    CHECK(mid.captured > before.captured);
+    CHECK(mid.direct == before.direct);
+    const std::vector<float> without = run(false);
+    CHECK(gpu::CudaGraphCounts().direct > mid.direct);
+    CHECK(with == without);
   }
 }
 
