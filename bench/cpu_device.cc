@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/gpu/device_memory.h"
 #include "engine/model/cpu_ops.h"
+#include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
 #include "engine/sparse/sparse_ops.h"
 
@@ -68,6 +69,9 @@ class CpuLayers : public gpu::GpuLayers {
                        const float* cs, float* logits, bool all_rows) override {
     calls_->fetch_add(1);
     const int64_t d = h_.n_embd, kvd = h_.kv_dim(), qd = h_.q_dim();
+    // An F16 cache as the CUDA layers keep it: K, V, q and the softmax weights in half.
+    const bool half = spec_.kv_type == KvType::kF16;
+    auto operand = [half](float f) { return half ? HalfToFloat(FloatToHalf(f)) : f; };
     std::vector<float> xb(n * d), xn(n * d), q(n * qd), k(n * kvd), v(n * kvd), att(n * qd),
         g(n * h_.n_ff), u(n * h_.n_ff), scores(spec_.n_ctx);
     for (int64_t l = first; l < last; ++l) {
@@ -83,8 +87,10 @@ class CpuLayers : public gpu::GpuLayers {
       for (int64_t t = 0; t < n; ++t) {
         ApplyRope(&q[t * qd], h_.n_head, h_.head_dim, h_.rope_dim, cs + t * h_.rope_dim);
         ApplyRope(&k[t * kvd], h_.n_head_kv, h_.head_dim, h_.rope_dim, cs + t * h_.rope_dim);
-        std::copy_n(&k[t * kvd], kvd, kc + (pos + t) * kvd);
-        std::copy_n(&v[t * kvd], kvd, vc + (pos + t) * kvd);
+        for (int64_t i = 0; i < kvd; ++i) {
+          kc[(pos + t) * kvd + i] = operand(k[t * kvd + i]);
+          vc[(pos + t) * kvd + i] = operand(v[t * kvd + i]);
+        }
       }
       const int64_t group = h_.n_head / h_.n_head_kv;
       const float scale = 1.0f / std::sqrt(static_cast<float>(h_.head_dim));
@@ -94,14 +100,17 @@ class CpuLayers : public gpu::GpuLayers {
           const float* qh = &q[t * qd + head * h_.head_dim];
           for (int64_t j = 0; j < n_kv; ++j) {
             float dot = 0.0f;
-            for (int64_t i = 0; i < h_.head_dim; ++i) dot += qh[i] * kc[j * kvd + off + i];
+            for (int64_t i = 0; i < h_.head_dim; ++i) {
+              dot += operand(qh[i]) * kc[j * kvd + off + i];
+            }
             scores[j] = dot * scale;
           }
           Softmax(scores.data(), n_kv);
           float* o = &att[t * qd + head * h_.head_dim];
           std::fill_n(o, h_.head_dim, 0.0f);
           for (int64_t j = 0; j < n_kv; ++j) {
-            for (int64_t i = 0; i < h_.head_dim; ++i) o[i] += scores[j] * vc[j * kvd + off + i];
+            const float p = operand(scores[j]);
+            for (int64_t i = 0; i < h_.head_dim; ++i) o[i] += p * vc[j * kvd + off + i];
           }
         }
       }

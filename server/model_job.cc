@@ -210,6 +210,7 @@ absl::StatusOr<ModelJobResult> RunModelJob(const ModelJobSpec& spec, ModelJobObs
       spec.gpu_memory > 0 ? static_cast<double>(spec.gpu_memory) : spec.hardware.gpu_memory_bytes;
   po.context = spec.context;
   po.max_batch = spec.max_batch;
+  po.kv_type = spec.kv_type;
   offline::SolveOptions so;
   so.time_limit_s = spec.solve_time_limit_s;
   auto placed = offline::SolvePlacementFor(**model, *sidecar, spec.hardware, po, so);

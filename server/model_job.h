@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/model/session.h"
 #include "nlohmann/json.hpp"
 #include "offline/solver/hardware.h"
 
@@ -31,8 +32,9 @@ struct ModelJobSpec {
   // The cap the placement is solved for: the model's gpu_memory when it has one, else the
   // hardware profile's GPU memory (0).
   uint64_t gpu_memory = 0;
-  int64_t context = 0;     // KV cache length the placement budgets (0: the model's)
-  int64_t max_batch = 64;  // the sessions' prefill chunk (the GPU layers' scratch)
+  int64_t context = 0;            // KV cache length the placement budgets (0: the model's)
+  int64_t max_batch = 64;         // the sessions' prefill chunk (the GPU layers' scratch)
+  KvType kv_type = KvType::kF16;  // the sessions' KV cache (the GPU layers' too)
   double solve_time_limit_s = 10;
   int threads = 1;
   int stage_delay_ms = 0;  // debug: sleep after each finished stage

@@ -500,6 +500,7 @@ void ModelManager::RunJob(const std::string& name, uint64_t id) {
     int64_t ignored = 0;
     if (!ApplyGpuConfig(served, &spec.gpu_memory, &ignored).ok()) spec.gpu_memory = 0;
     spec.context = served.n_ctx;
+    if (!ParseKvType(served.kv_type, &spec.kv_type)) spec.kv_type = KvType::kF16;
   }
   spec.max_batch = config_.max_batch;
   spec.dir = JobDir(name);

@@ -194,9 +194,12 @@ int RunBenchGpuCompare(const Args& args) {
   if (stand_in) base.device = &stand_in_device;
   base.n_ctx = *pt + *gt + 1;
   base.max_batch = std::min<int64_t>(*pt, 64);
-  // The device layers' KV cache is F32: the CPU's is too in every row, so that the rows' greedy
-  // tokens can be held to the CPU row's.
-  base.kv_type = KvType::kF32;
+  // Every row with the same KV cache type (--kv-type, default f16): the device layers keep theirs
+  // in it too, so the rows' greedy tokens can be held to the CPU row's.
+  if (auto text = args.Get("--kv-type"); text && !ParseKvType(*text, &base.kv_type)) {
+    return Fail("bench", absl::InvalidArgumentError(
+                             absl::StrCat("--kv-type '", *text, "' is not one of f16, f32")));
+  }
   const int r = static_cast<int>(*reps);
 
   std::vector<Row> rows;
@@ -262,6 +265,7 @@ int RunBenchGpuCompare(const Args& args) {
       po.budget_bytes = static_cast<double>(*cap_arg);
       po.context = base.n_ctx;
       po.max_batch = base.max_batch;
+      po.kv_type = base.kv_type;
       absl::StatusOr<offline::PlacementProblem> problem =
           offline::BuildPlacementProblem(**model, *sidecar, hw, po);
       if (problem.ok()) {

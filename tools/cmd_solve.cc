@@ -24,6 +24,7 @@ constexpr char kUsage[] =
   --min-neurons N           fewest GPU neurons of a layer that uses the GPU (default: enough
                             to pay for a sync)
   --context N               KV cache length budgeted (default: the model's context)
+  --kv-type f16|f32         KV cache element type budgeted, as the model will run (default f16)
   --time-limit S            CBC time limit in seconds, best solution kept (default 30)
   --gap G                   stop within this relative gap of the proven bound (default 1e-4)
   --cpu-bandwidth GBPS      CPU read bandwidth instead of measuring it
@@ -41,7 +42,7 @@ int RunSolve(int argc, char** argv) {
       Args::Parse(argc, argv,
                   {"--model", "--sidecar", "--gpu-memory", "--hardware", "--objective", "--bucket",
                    "--min-neurons", "--context", "--time-limit", "--cpu-bandwidth", "--plots",
-                   "--threads", "--activation", "--gap", "--save-hardware"},
+                   "--threads", "--activation", "--gap", "--save-hardware", "--kv-type"},
                   {"--json", "--dry-run", "--help"},
                   {{"-m", "--model"}, {"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("solve", args.status(), true);
@@ -97,6 +98,12 @@ int RunSolve(int argc, char** argv) {
   po.min_neurons = *min_neurons;
   po.context = *context;
   po.budget_bytes = static_cast<double>(*budget);
+  if (auto text = args->Get("--kv-type"); text && !ParseKvType(*text, &po.kv_type)) {
+    return Fail(
+        "solve",
+        absl::InvalidArgumentError(absl::StrCat("--kv-type '", *text, "' is not one of f16, f32")),
+        true);
+  }
   offline::SolveOptions so;
   so.objective = *objective;
   so.time_limit_s = *limit;

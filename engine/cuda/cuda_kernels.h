@@ -64,13 +64,15 @@ void GatedActivation(int act, float* gate, const float* up, const int32_t* count
 void Attention(const float* q, const float* k, const float* v, int64_t n_kv, int64_t n_head,
                int64_t n_head_kv, int64_t head_dim, float* scores, float* out, cudaStream_t s);
 // The same with the query's position on the device (n_kv = *pos + 1), so that one launch (a
-// CUDA graph's node) serves every position; scores: (n_head, n_ctx), *pos < n_ctx.
-void AttentionAt(const float* q, const float* k, const float* v, const int32_t* pos, int64_t n_ctx,
-                 int64_t n_head, int64_t n_head_kv, int64_t head_dim, float* scores, float* out,
-                 cudaStream_t s);
-// Row *pos of the caches := k, v; (kv_dim) each.
-void StoreKv(const float* k, const float* v, float* k_cache, float* v_cache, int64_t kv_dim,
-             const int32_t* pos, cudaStream_t s);
+// CUDA graph's node) serves every position; scores: (n_head, n_ctx), *pos < n_ctx. half: the
+// caches hold IEEE halves, and q and the softmax weights are rounded to half before their
+// products, as the CPU's F16 cache computes (kernels.h's AttendHeadF16); else floats.
+void AttentionAt(const float* q, const void* k, const void* v, bool half, const int32_t* pos,
+                 int64_t n_ctx, int64_t n_head, int64_t n_head_kv, int64_t head_dim, float* scores,
+                 float* out, cudaStream_t s);
+// Row *pos of the caches := k, v (rounded to nearest when half); (kv_dim) each.
+void StoreKv(const float* k, const float* v, void* k_cache, void* v_cache, bool half,
+             int64_t kv_dim, const int32_t* pos, cudaStream_t s);
 // x += y; (n).
 void Add(float* x, const float* y, int64_t n, cudaStream_t s);
 // h = max(0, h + b); (n).

@@ -33,8 +33,8 @@ struct DevLayer {
   DevMatrix wq, wk, wv, wo, gate, up, down;
   const float* attn_norm = nullptr;  // (n_embd)
   const float* ffn_norm = nullptr;   // (n_embd)
-  float* k_cache = nullptr;          // (n_ctx, kv_dim)
-  float* v_cache = nullptr;          // (n_ctx, kv_dim)
+  void* k_cache = nullptr;           // (n_ctx, kv_dim) of spec.kv_type
+  void* v_cache = nullptr;           // (n_ctx, kv_dim) of spec.kv_type
 };
 
 class CudaGpuLayers : public GpuLayers {
@@ -108,6 +108,7 @@ class CudaGpuLayers : public GpuLayers {
   const float* out_norm_ = nullptr;
   DevMatrix output_w_;
   int64_t batch_ = 1;
+  const bool half_kv_ = spec_.kv_type == KvType::kF16;
   const float* quantized_ = nullptr;  // whose Q8_0 copy d_xq_ holds (stream order)
   struct StepGraph {
     int64_t first, last;
@@ -147,6 +148,7 @@ absl::Status CudaGpuLayers::Init() {
                           "cudaEventCreate");
   const LlamaModel& m = *spec_.model;
   const int64_t kv_elems = spec_.n_ctx * h_.kv_dim();
+  const int64_t kv_element = half_kv_ ? 2 : 4;
   layers_.resize(h_.n_layer);
   for (int64_t l = 0; l < h_.n_layer; ++l) {
     if (!spec_.layers[l]) continue;
@@ -174,9 +176,9 @@ absl::Status CudaGpuLayers::Init() {
     if (!an.ok()) return an.status();
     absl::StatusOr<void*> fn = arena_.Upload(W.ffn_norm.data(), h_.n_embd * 4, name + "norm");
     if (!fn.ok()) return fn.status();
-    absl::StatusOr<float*> k = arena_.AllocateArray<float>(kv_elems, name + "K cache");
+    absl::StatusOr<void*> k = arena_.Allocate(kv_elems * kv_element, name + "K cache");
     if (!k.ok()) return k.status();
-    absl::StatusOr<float*> v = arena_.AllocateArray<float>(kv_elems, name + "V cache");
+    absl::StatusOr<void*> v = arena_.Allocate(kv_elems * kv_element, name + "V cache");
     if (!v.ok()) return v.status();
     L.attn_norm = static_cast<const float*>(*an);
     L.ffn_norm = static_cast<const float*>(*fn);
@@ -254,9 +256,9 @@ void CudaGpuLayers::Attention(const DevLayer& L, int64_t t) {
   MatVec(L.wv, xn, d_v_);
   cuda::Rope(d_q_, h_.n_head, h_.head_dim, h_.rope_dim, cs, stream_);
   cuda::Rope(d_k_, h_.n_head_kv, h_.head_dim, h_.rope_dim, cs, stream_);
-  cuda::StoreKv(d_k_, d_v_, L.k_cache, L.v_cache, h_.kv_dim(), d_pos_ + t, stream_);
-  cuda::AttentionAt(d_q_, L.k_cache, L.v_cache, d_pos_ + t, spec_.n_ctx, h_.n_head, h_.n_head_kv,
-                    h_.head_dim, d_scores_, d_att_, stream_);
+  cuda::StoreKv(d_k_, d_v_, L.k_cache, L.v_cache, half_kv_, h_.kv_dim(), d_pos_ + t, stream_);
+  cuda::AttentionAt(d_q_, L.k_cache, L.v_cache, half_kv_, d_pos_ + t, spec_.n_ctx, h_.n_head,
+                    h_.n_head_kv, h_.head_dim, d_scores_, d_att_, stream_);
   quantized_ = nullptr;
   MatVec(L.wo, d_att_, d_tmp_);
   cuda::Add(x, d_tmp_, d, stream_);

@@ -2,6 +2,10 @@
 // sparse path's magnitude threshold and fired count), decode attention over a device KV cache,
 // and the predictor's bias+ReLU and threshold-to-active-list. Same formulas as
 // engine/model/cpu_ops.h and engine/model/session.cc, float accumulation.
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
 #include "engine/cuda/cuda_kernels.h"
 
 namespace thermocline::cuda {
@@ -78,13 +82,21 @@ __global__ void GatedActivationKernel(int act, float* gate, const float* up, con
   }
 }
 
+// A cache element as float.
+__device__ __forceinline__ float CacheAt(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float CacheAt(const __half* p, int64_t i) { return __half2float(p[i]); }
+
 // One block per head. Scores in global scratch; out = Σ_j softmax_j · v_j, computed by
 // kThreads / head_dim groups of threads over interleaved j, summed in a fixed order.
-// n_kv: *pos + 1 when pos is given; scores of head h start at h * score_stride.
-__global__ void AttentionKernel(const float* q, const float* k, const float* v, int64_t n_kv,
+// n_kv: *pos + 1 when pos is given; scores of head h start at h * score_stride. T: float, or
+// __half for an F16 cache, whose q and softmax weights are rounded to half (the CPU's
+// AttendHeadF16).
+template <class T>
+__global__ void AttentionKernel(const float* q, const T* k, const T* v, int64_t n_kv,
                                 const int32_t* pos, int64_t score_stride, int64_t n_head,
                                 int64_t group, int64_t head_dim, int64_t kv_dim, float* scores,
                                 float* out) {
+  constexpr bool kHalf = std::is_same_v<T, __half>;
   __shared__ float shared[32];
   __shared__ float acc[kThreads];
   if (pos != nullptr) n_kv = *pos + 1;
@@ -95,9 +107,12 @@ __global__ void AttentionKernel(const float* q, const float* k, const float* v, 
   const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
   float max = -INFINITY;
   for (int64_t j = threadIdx.x; j < n_kv; j += blockDim.x) {
-    const float* kj = k + j * kv_dim + kv_off;
+    const T* kj = k + j * kv_dim + kv_off;
     float dot = 0.0f;
-    for (int64_t i = 0; i < head_dim; ++i) dot += qh[i] * kj[i];
+    for (int64_t i = 0; i < head_dim; ++i) {
+      const float qi = kHalf ? __half2float(__float2half_rn(qh[i])) : qh[i];
+      dot += qi * CacheAt(kj, i);
+    }
     sc[j] = dot * scale;
     max = fmaxf(max, sc[j]);
   }
@@ -110,13 +125,19 @@ __global__ void AttentionKernel(const float* q, const float* k, const float* v, 
   }
   sum = BlockReduce<false>(sum, shared);  // its __syncthreads also publishes sc to the block
   const float inv = 1.0f / sum;
+  if constexpr (kHalf) {
+    for (int64_t j = threadIdx.x; j < n_kv; j += blockDim.x) {
+      sc[j] = __half2float(__float2half_rn(sc[j] * inv));
+    }
+    __syncthreads();
+  }
   const int64_t groups = head_dim <= blockDim.x ? blockDim.x / head_dim : 1;
   const int64_t g = threadIdx.x / head_dim;
   for (int64_t i0 = 0; i0 < head_dim; i0 += blockDim.x) {
     const int64_t i = i0 + threadIdx.x % head_dim;
     float a = 0.0f;
     if (g < groups && i < head_dim) {
-      for (int64_t j = g; j < n_kv; j += groups) a += sc[j] * v[j * kv_dim + kv_off + i];
+      for (int64_t j = g; j < n_kv; j += groups) a += sc[j] * CacheAt(v, j * kv_dim + kv_off + i);
     }
     __syncthreads();
     acc[threadIdx.x] = a;
@@ -124,18 +145,24 @@ __global__ void AttentionKernel(const float* q, const float* k, const float* v, 
     if (threadIdx.x < head_dim && i0 + threadIdx.x < head_dim) {
       float total = 0.0f;
       for (int64_t gg = 0; gg < groups; ++gg) total += acc[gg * head_dim + threadIdx.x];
-      out[head * head_dim + i0 + threadIdx.x] = total * inv;
+      out[head * head_dim + i0 + threadIdx.x] = kHalf ? total : total * inv;
     }
   }
 }
 
-__global__ void StoreKvKernel(const float* k, const float* v, float* k_cache, float* v_cache,
+template <class T>
+__global__ void StoreKvKernel(const float* k, const float* v, T* k_cache, T* v_cache,
                               int64_t kv_dim, const int32_t* pos) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= kv_dim) return;
   const int64_t row = static_cast<int64_t>(*pos) * kv_dim;
-  k_cache[row + i] = k[i];
-  v_cache[row + i] = v[i];
+  if constexpr (std::is_same_v<T, __half>) {
+    k_cache[row + i] = __float2half_rn(k[i]);
+    v_cache[row + i] = __float2half_rn(v[i]);
+  } else {
+    k_cache[row + i] = k[i];
+    v_cache[row + i] = v[i];
+  }
 }
 
 __global__ void AddKernel(float* x, const float* y, int64_t n) {
@@ -247,24 +274,38 @@ void GatedActivation(int act, float* gate, const float* up, const int32_t* count
 void Attention(const float* q, const float* k, const float* v, int64_t n_kv, int64_t n_head,
                int64_t n_head_kv, int64_t head_dim, float* scores, float* out, cudaStream_t s) {
   if (n_head == 0 || n_kv == 0) return;
-  AttentionKernel<<<static_cast<unsigned>(n_head), kThreads, 0, s>>>(
+  AttentionKernel<float><<<static_cast<unsigned>(n_head), kThreads, 0, s>>>(
       q, k, v, n_kv, nullptr, n_kv, n_head, n_head / n_head_kv, head_dim, n_head_kv * head_dim,
       scores, out);
 }
 
-void AttentionAt(const float* q, const float* k, const float* v, const int32_t* pos, int64_t n_ctx,
-                 int64_t n_head, int64_t n_head_kv, int64_t head_dim, float* scores, float* out,
-                 cudaStream_t s) {
+void AttentionAt(const float* q, const void* k, const void* v, bool half, const int32_t* pos,
+                 int64_t n_ctx, int64_t n_head, int64_t n_head_kv, int64_t head_dim, float* scores,
+                 float* out, cudaStream_t s) {
   if (n_head == 0) return;
-  AttentionKernel<<<static_cast<unsigned>(n_head), kThreads, 0, s>>>(
-      q, k, v, 0, pos, n_ctx, n_head, n_head / n_head_kv, head_dim, n_head_kv * head_dim, scores,
-      out);
+  const unsigned blocks = static_cast<unsigned>(n_head);
+  const int64_t group = n_head / n_head_kv, kv_dim = n_head_kv * head_dim;
+  if (half) {
+    AttentionKernel<__half><<<blocks, kThreads, 0, s>>>(
+        q, static_cast<const __half*>(k), static_cast<const __half*>(v), 0, pos, n_ctx, n_head,
+        group, head_dim, kv_dim, scores, out);
+  } else {
+    AttentionKernel<float>
+        <<<blocks, kThreads, 0, s>>>(q, static_cast<const float*>(k), static_cast<const float*>(v),
+                                     0, pos, n_ctx, n_head, group, head_dim, kv_dim, scores, out);
+  }
 }
 
-void StoreKv(const float* k, const float* v, float* k_cache, float* v_cache, int64_t kv_dim,
-             const int32_t* pos, cudaStream_t s) {
+void StoreKv(const float* k, const float* v, void* k_cache, void* v_cache, bool half,
+             int64_t kv_dim, const int32_t* pos, cudaStream_t s) {
   if (kv_dim <= 0) return;
-  StoreKvKernel<<<Blocks(kv_dim, kThreads), kThreads, 0, s>>>(k, v, k_cache, v_cache, kv_dim, pos);
+  if (half) {
+    StoreKvKernel<__half><<<Blocks(kv_dim, kThreads), kThreads, 0, s>>>(
+        k, v, static_cast<__half*>(k_cache), static_cast<__half*>(v_cache), kv_dim, pos);
+  } else {
+    StoreKvKernel<float><<<Blocks(kv_dim, kThreads), kThreads, 0, s>>>(
+        k, v, static_cast<float*>(k_cache), static_cast<float*>(v_cache), kv_dim, pos);
+  }
 }
 
 void Add(float* x, const float* y, int64_t n, cudaStream_t s) {

@@ -85,7 +85,7 @@ uint64_t ExpertDeviceBytes(const LayerWeights& layer, int64_t expert, int64_t n_
 }
 
 GpuLayersMemory ComputeHybridLayersMemory(const LlamaModel& model, int64_t n_ctx, int64_t max_batch,
-                                          bool output) {
+                                          bool output, KvType kv_type) {
   static HostFfnPlaceholder placeholder;
   GpuLayersSpec spec;
   spec.model = &model;
@@ -93,6 +93,7 @@ GpuLayersMemory ComputeHybridLayersMemory(const LlamaModel& model, int64_t n_ctx
   spec.output = output;
   spec.n_ctx = n_ctx;
   spec.max_batch = max_batch;
+  spec.kv_type = kv_type;
   spec.host_ffn = &placeholder;
   return ComputeGpuLayersMemory(spec);
 }

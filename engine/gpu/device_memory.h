@@ -42,9 +42,9 @@ uint64_t FfnScratchBytes(int64_t n_embd, int64_t n_ff, int64_t max_device, int64
 uint64_t ExpertDeviceBytes(const LayerWeights& layer, int64_t expert, int64_t n_embd,
                            int64_t n_ff_exp);
 
-// The memory of hybrid GPU layers (attention, norms, the KV cache of n_ctx positions; the FFN
-// through the host) of `model`, per layer, with the output head and the scratch.
+// The memory of hybrid GPU layers (attention, norms, the KV cache of n_ctx positions of
+// kv_type; the FFN through the host) of `model`, per layer, with the output head and the scratch.
 GpuLayersMemory ComputeHybridLayersMemory(const LlamaModel& model, int64_t n_ctx, int64_t max_batch,
-                                          bool output);
+                                          bool output, KvType kv_type);
 
 }  // namespace thermocline::gpu

@@ -69,7 +69,8 @@ GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec) {
   mem.scratch += Granules(s.pos * sizeof(int32_t));
   mem.scratch += Granules(s.xq_bytes);
   const uint64_t norm = Granules(h.n_embd * sizeof(float));
-  const uint64_t kv = Granules(static_cast<uint64_t>(spec.n_ctx) * h.kv_dim() * sizeof(float));
+  const uint64_t element = spec.kv_type == KvType::kF16 ? sizeof(uint16_t) : sizeof(float);
+  const uint64_t kv = Granules(static_cast<uint64_t>(spec.n_ctx) * h.kv_dim() * element);
   for (const LayerWeights& L : m.layers()) {
     uint64_t bytes = 2 * norm + 2 * kv;
     for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) bytes += MatrixBytes(*w);
@@ -93,8 +94,8 @@ absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text) {
 }
 
 absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t requested,
-                                              int64_t n_ctx, int64_t max_batch,
-                                              uint64_t memory_cap) {
+                                              int64_t n_ctx, int64_t max_batch, uint64_t memory_cap,
+                                              KvType kv_type) {
   const int64_t n_layer = model.hparams().n_layer;
   if (absl::Status s = RequireLlamaLayers(model, "--gpu-layers"); !s.ok()) return s;
   for (int64_t l = 0; l < n_layer; ++l) {
@@ -113,6 +114,7 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
   spec.n_ctx = n_ctx;
   spec.max_batch = max_batch;
   spec.memory_cap = memory_cap;
+  spec.kv_type = kv_type;
   const GpuLayersMemory mem = ComputeGpuLayersMemory(spec);
   int64_t n = 0;
   if (requested == kAutoLayers) {

@@ -18,6 +18,7 @@
 #include "engine/model/ffn_backend.h"
 #include "engine/model/layer_backend.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/session.h"
 
 namespace thermocline::gpu {
 
@@ -27,6 +28,9 @@ struct GpuLayersSpec {
   bool output = false;          // the output norm and head too (needs the last layer on the GPU)
   int64_t n_ctx = 0;            // the session's KV cache length
   int64_t max_batch = 1;        // the session's tokens per forward pass
+  // The element type of the layers' KV cache on the device, as the session's (kF16 halves it
+  // and computes attention as the CPU's F16 cache does: q and the softmax weights in half).
+  KvType kv_type = KvType::kF32;
   // nullptr: the FFN of a GPU layer runs dense on the GPU. Otherwise it runs through this host
   // backend: the hybrid layer. With device_ffn (the same backend's executor on this device and
   // queue) the layer runs it in resident mode (gpu_ffn_executor.h): the device predicts, computes
@@ -75,8 +79,8 @@ absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text);
 // output head too when every layer is on the GPU and it fits. ResourceExhaustedError naming the
 // sizes when a requested count does not fit.
 absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t requested,
-                                              int64_t n_ctx, int64_t max_batch,
-                                              uint64_t memory_cap);
+                                              int64_t n_ctx, int64_t max_batch, uint64_t memory_cap,
+                                              KvType kv_type);
 
 // A spec's layers on the device, as a Session layer backend; per session (it holds the KV cache
 // of its layers). UnavailableError without a CUDA device, ResourceExhaustedError past the cap,

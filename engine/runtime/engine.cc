@@ -151,7 +151,7 @@ absl::Status Engine::PlanDevice() {
         options_.gpu_layers == kNoGpuLayers ? gpu::kAutoLayers : options_.gpu_layers;
     if (requested == 0) return absl::OkStatus();
     absl::StatusOr<gpu::GpuLayersSpec> spec =
-        gpu::PlanWholeLayers(model_, requested, n_ctx_, options_.max_batch, cap);
+        gpu::PlanWholeLayers(model_, requested, n_ctx_, options_.max_batch, cap, options_.kv_type);
     if (!spec.ok()) return spec.status();
     const int64_t n = CountOn(spec->layers);
     if (n == 0) {
@@ -192,6 +192,7 @@ absl::Status Engine::PlanDevice() {
   layers_spec_.output = plan_->output_gpu && h.n_layer > 0 && layers_spec_.layers[h.n_layer - 1];
   layers_spec_.n_ctx = n_ctx_;
   layers_spec_.max_batch = options_.max_batch;
+  layers_spec_.kv_type = options_.kv_type;
   int64_t neurons = 0;
   for (const SparseLayerPlan& p : weights_->plan()) {
     neurons += static_cast<int64_t>(p.device_neurons.size());

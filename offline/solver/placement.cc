@@ -176,11 +176,11 @@ absl::StatusOr<PlacementProblem> BuildPlacementProblem(const LlamaModel& model,
   const int64_t context = options.context > 0 ? options.context : hp.n_ctx_train;
   p.context = context;
   // Memory as the runtime allocates it (engine/gpu/device_memory.h): the hybrid layers' weights,
-  // norms and F32 KV cache, the output head, each layer's FFN device part, and the scratch of
-  // the layers and of the FFN executor, which come off the budget first.
+  // norms and KV cache, the output head, each layer's FFN device part, and the scratch of the
+  // layers and of the FFN executor, which come off the budget first.
   const gpu::GpuLayersMemory mem =
       gpu::ComputeHybridLayersMemory(model, context, std::max<int64_t>(options.max_batch, 1),
-                                     /*output=*/true);
+                                     /*output=*/true, options.kv_type);
   int64_t max_rank = 0;
   for (const SidecarLayer& sl : sidecar.layers) max_rank = std::max(max_rank, sl.predictor.rank);
   const double scratch = static_cast<double>(

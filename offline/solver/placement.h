@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/llama_model.h"
+#include "engine/model/session.h"
 #include "offline/sidecar/sidecar.h"
 #include "offline/solver/hardware.h"
 
@@ -95,10 +96,11 @@ double MinimumUsefulBudget(const PlacementProblem& p);
 
 struct ProblemOptions {
   int64_t bucket_size = 64;
-  int64_t min_neurons = -1;  // -1: derived from the hardware (a sync must pay for itself)
-  int64_t context = 0;       // KV cache length; 0: the model's training context
-  int64_t max_batch = 64;    // the sessions' prefill chunk (the GPU layers' scratch)
-  double budget_bytes = 0;   // the whole cap (--gpu-memory); scratch is taken off it
+  int64_t min_neurons = -1;       // -1: derived from the hardware (a sync must pay for itself)
+  int64_t context = 0;            // KV cache length; 0: the model's training context
+  int64_t max_batch = 64;         // the sessions' prefill chunk (the GPU layers' scratch)
+  KvType kv_type = KvType::kF16;  // the sessions' KV cache (EngineOptions' default)
+  double budget_bytes = 0;        // the whole cap (--gpu-memory); scratch is taken off it
 };
 
 // A mixture of experts is built by BuildExpertPlacementProblem.

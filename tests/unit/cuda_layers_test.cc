@@ -111,18 +111,22 @@ TEST_CASE("CUDA whole layers: the cap refuses what does not fit", "[cuda]") {
   const std::string path = testing::TestModelPath("relu-tiny.f32.gguf");
   if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
   const LlamaModel& model = testing::CachedModel(path);
-  auto spec = gpu::PlanWholeLayers(model, gpu::kAutoLayers, 64, 4, gpu::MemoryBudget::kUnlimited);
-  REQUIRE_OK(spec.status());
-  const uint64_t need = gpu::ComputeGpuLayersMemory(*spec).Total(*spec);
-  spec->memory_cap = need - 1;
-  auto refused = gpu::CreateGpuLayers(*spec);
-  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
-  spec->memory_cap = need;
-  auto fits = gpu::CreateGpuLayers(*spec);
-  REQUIRE_OK(fits.status());
-  CHECK((*fits)->device_bytes() == need);
-  CHECK((*fits)->n_gpu_layers() == model.hparams().n_layer);
-  CHECK((*fits)->output_on_gpu());
+  for (KvType kv : {KvType::kF32, KvType::kF16}) {
+    INFO((kv == KvType::kF16 ? "F16" : "F32") << " KV cache");
+    auto spec =
+        gpu::PlanWholeLayers(model, gpu::kAutoLayers, 64, 4, gpu::MemoryBudget::kUnlimited, kv);
+    REQUIRE_OK(spec.status());
+    const uint64_t need = gpu::ComputeGpuLayersMemory(*spec).Total(*spec);
+    spec->memory_cap = need - 1;
+    auto refused = gpu::CreateGpuLayers(*spec);
+    CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+    spec->memory_cap = need;
+    auto fits = gpu::CreateGpuLayers(*spec);
+    REQUIRE_OK(fits.status());
+    CHECK((*fits)->device_bytes() == need);
+    CHECK((*fits)->n_gpu_layers() == model.hparams().n_layer);
+    CHECK((*fits)->output_on_gpu());
+  }
 }
 
 // Every weight type of llama.cpp's files with all layers and the head on the device. The device

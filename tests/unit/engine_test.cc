@@ -82,15 +82,20 @@ SparsePlan OraclePlan(const LlamaModel& model, std::vector<uint8_t> attention, b
   return plan;
 }
 
-void WholeLayers(const gpu::Device* device, const LlamaModel& model) {
+// kv: both sides' KV cache type; tolerance: the logits' relative difference allowed.
+void WholeLayers(const gpu::Device* device, const LlamaModel& model, KvType kv = KvType::kF32,
+                 double tolerance = 1e-3) {
   const LlamaHparams& h = model.hparams();
   ThreadPool pool(2);
-  auto cpu = NewEngineSession(model, std::nullopt, pool, Options(nullptr));
+  EngineOptions on_cpu = Options(nullptr);
+  on_cpu.kv_type = kv;
+  auto cpu = NewEngineSession(model, std::nullopt, pool, on_cpu);
   const std::vector<int32_t> want = testing::GreedyIds(cpu->session(), kPrompt, 24);
   const std::vector<float> want_logits = PromptLogits(cpu->session());
   for (int64_t n : {int64_t{1}, h.n_layer / 2, gpu::kAutoLayers}) {
     INFO("--gpu-layers " << n);
     EngineOptions o = Options(device);
+    o.kv_type = kv;
     o.gpu_layers = n;
     auto s = NewEngineSession(model, std::nullopt, pool, o);
     const EnginePlacement& p = s->placement();
@@ -104,9 +109,15 @@ void WholeLayers(const gpu::Device* device, const LlamaModel& model) {
     // The device's layers sum in other orders than the CPU's SIMD: 1e-3 relative leaves room
     // for that through every layer without hiding a wrong position or head (those move logits
     // by O(1)).
-    CHECK(MaxRelDiff(PromptLogits(s->session()), want_logits) <= 1e-3);
+    CHECK(MaxRelDiff(PromptLogits(s->session()), want_logits) <= tolerance);
   }
 }
+
+// With the engine's default F16 cache the device keeps its layers' K and V in half and rounds q
+// and the softmax weights to half, as the CPU's F16 cache does; the two then differ where a
+// float sum of another order rounds to the neighbouring half (2^-11 relative) in a product:
+// 2e-3 of the logits' range leaves room for that, not for a wrong position or head (O(1)).
+constexpr double kF16CacheTolerance = 2e-3;
 
 void Hybrid(const gpu::Device* device, const LlamaModel& model, const CpuStandInDevice* stand_in) {
   const LlamaHparams& h = model.hparams();
@@ -330,6 +341,7 @@ TEST_CASE("a placement the solver fits under a cap fits under it when it runs", 
     po.budget_bytes = static_cast<double>(cap);
     po.context = eo.n_ctx;
     po.max_batch = eo.max_batch;
+    po.kv_type = eo.kv_type;
     po.min_neurons = 64;
     offline::SolveOptions so;
     so.time_limit_s = 5;
@@ -438,6 +450,28 @@ TEST_CASE("front door, CUDA: trained predictors split between the GPU and the ho
   const std::string path = TestModelPath("relu-tiny.f32.gguf");
   if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("relu-tiny.f32.gguf not found");
   TrainedPredictorsSplit(&gpu::CudaDevice(), nullptr, CachedModel(path));
+}
+
+TEST_CASE("front door, stand-in device: an F16 KV cache on the device computes as the CPU's",
+          "[gpu]") {
+  for (const char* name : {"relu-tiny.f32.gguf", "stories260K.gguf"}) {
+    const std::string path = TestModelPath(name);
+    if (!std::filesystem::exists(path)) THERMOCLINE_SKIP(std::string(name) + " not found");
+    INFO(name);
+    CpuStandInDevice device;
+    WholeLayers(&device, CachedModel(path), KvType::kF16, kF16CacheTolerance);
+    CHECK(device.layer_calls() > 0);
+  }
+}
+
+TEST_CASE("front door, CUDA: an F16 KV cache on the device computes as the CPU's", "[cuda]") {
+  if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
+  for (const char* name : {"relu-tiny.f32.gguf", "stories260K.gguf"}) {
+    const std::string path = TestModelPath(name);
+    if (!std::filesystem::exists(path)) THERMOCLINE_SKIP(std::string(name) + " not found");
+    INFO(name);
+    WholeLayers(&gpu::CudaDevice(), CachedModel(path), KvType::kF16, kF16CacheTolerance);
+  }
 }
 
 TEST_CASE("front door, CUDA: Q8_0 and Q4_0 relu-tiny in whole layers", "[cuda]") {

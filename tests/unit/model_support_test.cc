@@ -149,7 +149,8 @@ TEST_CASE("paths that compute only llama's layer refuse other families", "[model
   CHECK(RequireLlamaLayers(ropefreqs, "--gpu-layers").ok());
   CHECK(RequireGatedFfn(ropefreqs, "the sparse FFN").ok());
 
-  auto layers = gpu::PlanWholeLayers(qwen2, gpu::kAutoLayers, 128, 1, uint64_t{1} << 30);
+  auto layers =
+      gpu::PlanWholeLayers(qwen2, gpu::kAutoLayers, 128, 1, uint64_t{1} << 30, KvType::kF32);
   REQUIRE_FALSE(layers.ok());
   CHECK(layers.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(layers.status().message()),
