@@ -119,7 +119,8 @@ class CpuLayers : public gpu::GpuLayers {
       for (int64_t t = 0; t < n; ++t) {
         RmsNorm(x + t * d, L.ffn_norm.data(), d, h_.rms_eps, &xn[t * d]);
       }
-      if (spec_.host_ffn != nullptr && spec_.device_ffn != nullptr && n == 1) {
+      if (spec_.host_ffn != nullptr && spec_.device_ffn != nullptr && n == 1 &&
+          spec_.device_ffn->RunsResident(static_cast<int>(l))) {
         // Resident: the device predicts and computes its part into the residual, the host its
         // listed part; only the host's partial sum comes back.
         if (absl::Status st = spec_.device_ffn->EnqueueResident(static_cast<int>(l), xn.data(), x);
@@ -241,7 +242,15 @@ class CpuFfnExecutor : public gpu::GpuFfnExecutor {
     return absl::OkStatus();
   }
 
+  // As the CUDA executor: a layer without device neurons holds nothing there and is refused.
+  bool RunsResident(int layer) const override {
+    return layer >= 0 && layer < static_cast<int>(layers_.size()) && !layers_[layer].table.empty();
+  }
   absl::Status EnqueueResident(int layer, const float* xn, float* x) override {
+    if (!RunsResident(layer)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stand-in FFN layer ", layer, " has no device neurons to run resident"));
+    }
     launches_->fetch_add(1);
     const Layer& y = layers_[layer];
     const bool predict = spec_.layers[layer].rank > 0;

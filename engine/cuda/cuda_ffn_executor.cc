@@ -74,6 +74,10 @@ class CudaFfnExecutor : public GpuFfnExecutor {
   absl::Status Launch(int layer, const float* xn, const int32_t* active, int64_t n_active) override;
   absl::Status Wait(float* out, int64_t* n_predicted, int64_t* n_fired) override;
   uint64_t device_bytes() const override { return arena_.bytes(); }
+  bool RunsResident(int layer) const override {
+    return layer >= 0 && layer < static_cast<int>(layers_.size()) &&
+           layers_[layer].compact != nullptr;
+  }
   absl::Status EnqueueResident(int layer, const float* xn, float* x) override;
   absl::StatusOr<HostPart> WaitHostPart() override;
   absl::Status EnqueueAddHostPart(float* x) override;

@@ -406,7 +406,8 @@ absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64
     }
     for (int64_t l = first; l < last; ++l) {
       const DevLayer& L = layers_[l];
-      if (spec_.host_ffn != nullptr && spec_.device_ffn != nullptr && m == 1) {
+      if (spec_.host_ffn != nullptr && spec_.device_ffn != nullptr && m == 1 &&
+          spec_.device_ffn->RunsResident(static_cast<int>(l))) {
         if (absl::Status st = ResidentLayer(static_cast<int>(l), L); !st.ok()) {
           cudaStreamSynchronize(stream_);
           return st;

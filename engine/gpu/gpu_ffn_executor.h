@@ -95,6 +95,9 @@ class GpuFfnExecutor {
   //     HostPart::partial (one copy up). Returns at once; the next WaitHostPart (or the queue's
   //     end of the token) orders it before the buffer is written again.
   // Only the host's partial sum crosses back; the residual never leaves the device.
+  // Whether `layer` can run resident: it has device neurons (a layer without any holds nothing on
+  // the device, not even its predictor; the GPU layers run it in the non-resident form).
+  virtual bool RunsResident(int layer) const = 0;
   virtual absl::Status EnqueueResident(int layer, const float* xn, float* x) = 0;
   virtual absl::StatusOr<HostPart> WaitHostPart() = 0;
   virtual absl::Status EnqueueAddHostPart(float* x) = 0;

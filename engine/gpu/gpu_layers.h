@@ -33,7 +33,8 @@ struct GpuLayersSpec {
   KvType kv_type = KvType::kF32;
   // nullptr: the FFN of a GPU layer runs dense on the GPU. Otherwise it runs through this host
   // backend: the hybrid layer. With device_ffn (the same backend's executor on this device and
-  // queue) the layer runs it in resident mode (gpu_ffn_executor.h): the device predicts, computes
+  // queue) a decode token of a layer with device neurons (RunsResident) runs in resident mode
+  // (gpu_ffn_executor.h): the device predicts, computes
   // its neurons into the residual and hands the host its active neurons and xn; the host's
   // partial sum alone comes back (host_ffn->ForwardListed). Without it, x and xn go to the host
   // and the host FFN's output comes back. Both must outlive the GpuLayers.
