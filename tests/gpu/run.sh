@@ -5,7 +5,7 @@
 # comparison of issue 6 on synthetic 7B-shape ReLU models (hybrid sparse vs -ngl dense vs CPU
 # under a --gpu-memory cap of 40% of the weights), and prints a summary. Exits non-zero on any
 # failure. Budget: under 8 minutes on a 16-core machine.
-#   tests/gpu/run.sh            # everything
+#   tests/gpu/run.sh            # everything (also the daemon on the GPU: serve vs generate)
 #   BUILD=dir JOBS=n tests/gpu/run.sh
 #   Q4_LAYERS=32 F16_LAYERS=8 GEN=16 tests/gpu/run.sh   # the synthetic models' depth (7B: 32);
 #   F16_LAYERS=0 skips the F16 model. SYNTH_DIR holds the models (default $BUILD/synth).
@@ -111,6 +111,63 @@ compare() {  # type layers
 }
 compare q4_0 "$Q4_LAYERS"
 [ "$F16_LAYERS" -gt 0 ] && compare f16 "$F16_LAYERS"
+
+# The daemon on the GPU: `serve` with GPU flags must say in /v1/models/{id} that its parts run on
+# the GPU and give `generate`'s greedy text with the same flags: whole layers (stories260K) and
+# the hybrid placement (a small synthetic ReLU model, solved for 40% of its weights).
+daemon() {  # name model flags...
+  local name=$1 model=$2 port=18080; shift 2
+  "$TC" serve --model "$model=$name" --port $port --grpc-port off --slots 1 --ctx 512 "$@" \
+    >"$LOG/serve-$name.log" 2>&1 &
+  local pid=$!
+  local served rc=0
+  served=$(python3 - "$name" $port <<'PY'
+import json, sys, time, urllib.error, urllib.request
+name, base = sys.argv[1], f"http://127.0.0.1:{sys.argv[2]}"
+req = urllib.request.Request(f"{base}/v1/completions", method="POST",
+    headers={"Content-Type": "application/json"},
+    data=json.dumps({"model": name, "prompt": "Once upon a time", "max_tokens": 24,
+                     "temperature": 0, "ignore_eos": True}).encode())
+for _ in range(1200):  # refused while it starts, 503 while the model loads
+    try:
+        text = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["text"]; break
+    except (urllib.error.URLError, ConnectionError) as e:
+        if isinstance(e, urllib.error.HTTPError) and e.code != 503: raise
+        time.sleep(0.1)
+else:
+    sys.exit("serve did not answer")
+runs_on = json.load(urllib.request.urlopen(f"{base}/v1/models/{name}", timeout=5))["runs_on"]
+if runs_on["device"] == "cpu" or runs_on["gpu_bytes"] <= 0:
+    sys.exit("runs_on says nothing runs on the GPU: " + json.dumps(runs_on))
+print(json.dumps(text))
+print("runs_on: " + json.dumps(runs_on), file=sys.stderr)
+PY
+  ) || rc=$?
+  kill $pid 2>/dev/null; wait $pid 2>/dev/null || true
+  [ $rc -eq 0 ] || { tail -5 "$LOG/serve-$name.log"; fail "serve $name: $served"; return; }
+  local generated
+  generated=$("$TC" generate -m "$model" "$@" -p "Once upon a time" -n 24 --temp 0 --ignore-eos \
+    --json 2>/dev/null | python3 -c "import json,sys; s=sys.stdin.read(); print(json.dumps(json.loads(s[s.find('{'):])['text']))") ||
+    { fail "generate $name"; return; }
+  if [ "$served" = "$generated" ]; then
+    echo "serve $name: generate's greedy text: $served"
+  else
+    fail "serve $name gave $served, generate $generated"
+  fi
+}
+step "the daemon on the GPU"
+H="$SYNTH_DIR/hybrid-small-q4_0.gguf"
+if timeout 120 "$TC" synth --layers 8 --embd 1024 --ff 4096 --heads 16 --kv-heads 16 --vocab 32000 \
+     --ctx 512 --type q4_0 --activation relu --sparsity 0.9 --hot-fraction 0.03 -t "$JOBS" \
+     -o "$H" --sidecar "${H%.gguf}.thermo.gguf" >"$LOG/synth-small.log" 2>&1 &&
+   timeout 60 "$TC" solve -m "$H" --sidecar "${H%.gguf}.thermo.gguf" \
+     --gpu-memory $(( $(stat -c %s "$H") * 2 / 5 )) --context 512 --time-limit 10 -t "$JOBS" \
+     >"$LOG/solve-small.log" 2>&1; then
+  daemon whole "$THERMOCLINE_TEST_MODELS/stories260K.gguf" --gpu-layers auto
+  daemon hybrid "$H" --sidecar "${H%.gguf}.thermo.gguf" --gpu-memory $(( $(stat -c %s "$H") * 2 / 5 ))
+else
+  fail "synth/solve of the small hybrid model (see $LOG/synth-small.log, $LOG/solve-small.log)"
+fi
 
 step "summary"
 echo "tests:     ${passed:-FAILED}"
