@@ -76,9 +76,7 @@ template <>
 struct Block<KType::kIQ4_NL> {
   static constexpr int kElems = 32, kBytes = 18;
   __device__ static ScaleBias Group(const uint8_t* b, int) { return {HalfAt(b), 0.0f}; }
-  __device__ static int Quant(const uint8_t* b, int j) {
-    return Iq4Value(NibbleAt(b + 2, j));
-  }
+  __device__ static int Quant(const uint8_t* b, int j) { return Iq4Value(NibbleAt(b + 2, j)); }
 };
 // scales[16] qs[64] d dmin
 template <>
