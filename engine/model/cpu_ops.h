@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "engine/model/hparams.h"
+#include "engine/ops/kernels.h"
 
 namespace thermocline {
 
@@ -104,7 +105,7 @@ inline void AddBias(float* x, int64_t n, int64_t dim, const float* bias) {
 inline void GatedActivation(FfnActivation act, float* gate, const float* up, int64_t n) {
   switch (act) {
     case FfnActivation::kSilu:
-      for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+      SiluMul(gate, up, n);
       break;
     case FfnActivation::kRelu:
       for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] > 0.0f ? gate[i] * up[i] : 0.0f;

@@ -340,7 +340,7 @@ void Session::Attention(int layer, int64_t n) {
       const int64_t v_off = first * v_dim + kv_head * head_dim_v;
       if (half) {
         AttendHeadF16(pos + 1 - first, head_dim, head_dim_v, q, k_cache_f16 + k_off, kv_dim,
-                      v_cache_f16 + v_off, v_dim, scale, softcap, scores, out);
+                      v_cache_f16 + v_off, v_dim, scale, softcap, n > 1, scores, out);
       } else {
         AttendHead(pos + 1 - first, head_dim, head_dim_v, q, k_cache + k_off, kv_dim,
                    v_cache + v_off, v_dim, scale, softcap, scores, out);

@@ -87,16 +87,25 @@ void AttendHead(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, cons
 
 void AttendHeadF16(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                    const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
-                   float scale, float softcap, float* scores, float* out) {
+                   float scale, float softcap, bool batched, float* scores, float* out) {
   ops_internal::TableOf(isa).attend_f16(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale,
-                                        softcap, scores, out);
+                                        softcap, batched, scores, out);
 }
 
 void AttendHeadF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const uint16_t* k,
                    int64_t k_stride, const uint16_t* v, int64_t v_stride, float scale,
-                   float softcap, float* scores, float* out) {
+                   float softcap, bool batched, float* scores, float* out) {
   static const ops_internal::AttendF16Fn attend = ops_internal::TableOf(BestIsa()).attend_f16;
-  attend(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap, scores, out);
+  attend(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap, batched, scores, out);
+}
+
+void SiluMul(Isa isa, float* gate, const float* up, int64_t n) {
+  ops_internal::TableOf(isa).silu_mul(gate, up, n);
+}
+
+void SiluMul(float* gate, const float* up, int64_t n) {
+  static const auto silu_mul = ops_internal::TableOf(BestIsa()).silu_mul;
+  silu_mul(gate, up, n);
 }
 
 void AttendHead(Isa isa, int64_t n_kv, int64_t head_dim, const float* q, const float* k,

@@ -82,14 +82,22 @@ void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float
                 float* scores, float* out);
 
 // Attention over an F16 cache (llama.cpp's default KV type): k and v rows of halves, strides in
-// halves. It computes as ggml's F16 products do: q and the softmax weights are rounded to half
-// before they meet the rows, the sums are F32.
+// halves. It computes as llama.cpp's CPU build does, operation for operation (q and the softmax
+// weights rounded to half, its products' summation orders, its vector exp), so that a file gives
+// llama.cpp's numbers bit for bit. `batched`: the token is one of a batch of two or more, which
+// llama.cpp multiplies with another kernel (its gemm) than a single token (its dot).
 void AttendHeadF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const uint16_t* k,
                    int64_t k_stride, const uint16_t* v, int64_t v_stride, float scale,
-                   float softcap, float* scores, float* out);
+                   float softcap, bool batched, float* scores, float* out);
 void AttendHeadF16(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                    const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
-                   float scale, float softcap, float* scores, float* out);
+                   float scale, float softcap, bool batched, float* scores, float* out);
+
+// gate := silu(gate) · up, n elements, as ggml's CPU computes it (its vector expf on each whole
+// 16 elements, expf on the rest), so that a SwiGLU FFN gives llama.cpp's numbers bit for bit.
+// The second form runs the kernel of a given ISA (for the parity harness).
+void SiluMul(float* gate, const float* up, int64_t n);
+void SiluMul(Isa isa, float* gate, const float* up, int64_t n);
 
 // Half and bfloat16 conversion, scalar.
 float HalfToFloat(uint16_t h);

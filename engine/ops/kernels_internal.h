@@ -16,6 +16,17 @@
 
 namespace thermocline::ops_internal {
 
+// How ggml's x86 dot of a super-block type (its AVX2 kernels, which AVX-512 builds run too)
+// adds the mins term -d_x dmin Σ m bsums to its float lanes; the row dots of every ISA follow it
+// so that their results are llama.cpp's bit for bit (kquant_simd.inc, kernels_scalar_quants.cc):
+//   kNone    no mins (Q3_K, Q6_K and IQ4_XS fold their offsets into the integer lanes);
+//   kLanes8  Q2_K: 8 lanes of two 16-element mins each, fused into the 8 float lanes before
+//            the block's scales are;
+//   kLanes4  Q4_K: 4 lanes of two 32-element mins each, in 4 float lanes of their own, added
+//            to the 8 lanes' sum at the end;
+//   kSum     Q5_K: one integer sum per block, fused into one float.
+enum class KMins { kNone, kLanes8, kLanes4, kSum };
+
 // Panel: one row of activations quantized to Q8_0 and laid out for the int8 dot kernels.
 // Blocks are stored in groups of two (64 elements, kPanelGroupBytes bytes, 64-byte aligned when
 // the row is):
@@ -233,8 +244,8 @@ using AttendFn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, const floa
 // kernels.h's AttendHeadF16: the same over rows of halves.
 using AttendF16Fn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                              const uint16_t* k, int64_t k_stride, const uint16_t* v,
-                             int64_t v_stride, float scale, float softcap, float* scores,
-                             float* out);
+                             int64_t v_stride, float scale, float softcap, bool batched,
+                             float* scores, float* out);
 
 // Everything one ISA has for one weight type (a cell of the weight-type table). Panel, gemm
 // and axpy kernels are null where the ISA has none.
@@ -252,6 +263,7 @@ struct IsaKernels {
   int n_types;
   AttendFn attend;
   AttendF16Fn attend_f16;
+  void (*silu_mul)(float* gate, const float* up, int64_t n);
   Q4GroupKernels q4_groups;
   KGroupKernels q2k_groups;
   KGroupKernels q3k_groups;

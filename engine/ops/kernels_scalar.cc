@@ -4,6 +4,7 @@
 // them a near-exact yardstick. Keep this file simple enough to trust at a glance; speed lives in
 // kernels_simd.inc.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -288,6 +289,111 @@ void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, co
   }
 }
 
+// ---- ggml's float operators, bit for bit (kernels_simd.inc's ExpGgml, SiluMul, AttendF16Ggml) --
+
+namespace {
+
+float ExpGgml(float x) {
+  const float z = std::fma(x, 0x1.715476p+0f, 0x1.8p23f);
+  const float n = z - 0x1.8p23f;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  const float nc = std::min(std::max(n, -192.0f), 192.0f);
+  const int n1 = static_cast<int>(nc * 0.5f);
+  const int n2 = static_cast<int>(nc - static_cast<float>(n1));
+  auto pow2 = [](int e) { return std::bit_cast<float>(static_cast<uint32_t>(e + 127) << 23); };
+  return j * pow2(n1) * pow2(n2);
+}
+
+// _mm512_reduce_add_ps's tree.
+float Reduce16(const float* a) {
+  float t[8];
+  for (int i = 0; i < 8; ++i) t[i] = a[i + 8] + a[i];
+  for (int i = 0; i < 4; ++i) t[i] = t[i + 4] + t[i];
+  return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+// ggml_vec_dot_f16 and tinyBLAS's dot (kernels_simd.inc's VecDotF16Ggml, GemmDotF16Ggml), over
+// n halves x[i * stride] and floats y[i], as ggml computes them on a row of `padded` elements
+// whose last padded - n are zeros.
+float VecDotF16Ggml(int64_t n, int64_t padded, const uint16_t* x, int64_t stride, const float* y) {
+  const int64_t whole = padded / 64 * 64;
+  float acc[64] = {};
+  for (int64_t i = 0; i < std::min(whole, n); ++i) {
+    acc[i % 64] = std::fma(HalfToFloat(x[i * stride]), y[i], acc[i % 64]);
+  }
+  double sum = 0.0;
+  if (whole > 0) {
+    float lanes[16];
+    for (int l = 0; l < 16; ++l) lanes[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+    sum = Reduce16(lanes);
+  }
+  for (int64_t i = whole; i < n; ++i) sum += static_cast<double>(HalfToFloat(x[i * stride]) * y[i]);
+  return static_cast<float>(sum);
+}
+
+float GemmDotF16Ggml(int64_t n, const uint16_t* x, int64_t stride, const float* y) {
+  float lanes[16] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    lanes[i % 16] = std::fma(HalfToFloat(x[i * stride]), y[i], lanes[i % 16]);
+  }
+  return Reduce16(lanes);
+}
+
+}  // namespace
+
+void SiluMulScalar(float* gate, const float* up, int64_t n) {
+  const int64_t whole = n / 16 * 16;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    const float e = i < whole ? ExpGgml(0.0f - x) : std::exp(-x);
+    gate[i] = x / (1.0f + e) * up[i];
+  }
+}
+
+void AttendScalarF16Ggml(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
+                         const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
+                         float scale, float softcap, bool batched, float* scores, float* out) {
+  constexpr int64_t kMaxDim = 256;  // as kernels_simd.inc's kMaxGgmlHeadDim
+  if (k_dim > kMaxDim || v_dim > kMaxDim) {
+    AttendScalar<uint16_t>(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap, scores,
+                           out);
+    return;
+  }
+  float qh[kMaxDim];
+  for (int64_t c = 0; c < k_dim; ++c) qh[c] = HalfToFloat(FloatToHalf(q[c]));
+  float max = -INFINITY;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    const uint16_t* row = k + j * k_stride;
+    float s = (batched && k_dim % 16 == 0 ? GemmDotF16Ggml(k_dim, row, 1, qh)
+                                          : VecDotF16Ggml(k_dim, k_dim, row, 1, qh)) *
+              scale;
+    if (softcap > 0) s = softcap * std::tanh(s * (1.0f / softcap));
+    scores[j] = s;
+    max = std::max(max, s);
+  }
+  double sum = 0.0;
+  for (int64_t j0 = 0; j0 < n_kv; j0 += 16) {
+    float e[16] = {};
+    for (int64_t l = 0; l < 16 && j0 + l < n_kv; ++l) {
+      e[l] = ExpGgml(scores[j0 + l] - max);
+      scores[j0 + l] = e[l];
+    }
+    sum += static_cast<double>(Reduce16(e));
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < n_kv; ++j) scores[j] = HalfToFloat(FloatToHalf(scores[j] * inv));
+  // ggml's rows of kq hold the positions padded with masked ones (weight 0) to a multiple of 32.
+  const int64_t n_pad = n_kv <= 32 ? 32 : (n_kv + 31) / 32 * 32;
+  for (int64_t c = 0; c < v_dim; ++c) {
+    out[c] = batched ? GemmDotF16Ggml(n_kv, v + c, v_stride, scores)
+                     : VecDotF16Ggml(n_kv, n_pad, v + c, v_stride, scores);
+  }
+}
+
 namespace {
 
 // ---- The axpy of the sparse down projection: element by element, in float ------------------
@@ -358,7 +464,8 @@ const IsaKernels& ScalarKernels() {
   static const IsaKernels kernels = {types.data(),
                                      static_cast<int>(types.size()),
                                      AttendScalar<float>,
-                                     AttendScalar<uint16_t>,
+                                     AttendScalarF16Ggml,
+                                     SiluMulScalar,
                                      ScalarQ4GroupKernels(),
                                      ScalarQ2KGroupKernels(),
                                      ScalarQ3KGroupKernels(),

@@ -1,8 +1,11 @@
 // The scalar reference kernels of the weight types beyond Q8_0 / Q4_0 (Q4_1, Q5_0, Q5_1,
 // IQ4_NL, Q2_K..Q6_K, IQ4_XS), all written once over the integer decoding of a block
-// (quants_ref.h's DecodedBlock): dequantization in ggml's float order, dots with exact integer
-// sums per group scaled in double (the yardstick of the SIMD kernels), the axpy of dequantized
-// rows. Kept plain; speed lives in kernels_simd.inc.
+// (quants_ref.h's DecodedBlock): dequantization in ggml's float order; dots of the 32-element
+// types with exact integer sums per group scaled in double (the yardstick of the SIMD
+// kernels), of the super-block types in ggml's own float order (which the SIMD kernels
+// reproduce bit for bit); the axpy of dequantized rows. Kept plain; speed lives in
+// kernels_simd.inc.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -37,32 +40,9 @@ struct Q8_0Act {
   }
   static double Sum(const void* x, int64_t e, int64_t qsum) { return Scale(x, e) * double(qsum); }
 };
-struct Q8_1Act {
-  static constexpr int kBlock = kQK8_0;
-  static float Scale(const void* x, int64_t e) {
-    return HalfToFloat(static_cast<const BlockQ8_1*>(x)[e / kQK8_0].d);
-  }
-  static int Quant(const void* x, int64_t e) {
-    return static_cast<const BlockQ8_1*>(x)[e / kQK8_0].qs[e % kQK8_0];
-  }
-  static double Sum(const void* x, int64_t e, int64_t) {
-    return HalfToFloat(static_cast<const BlockQ8_1*>(x)[e / kQK8_0].s);
-  }
-};
-struct Q8_KAct {
-  static constexpr int kBlock = kQK_K;
-  static float Scale(const void* x, int64_t e) {
-    return static_cast<const BlockQ8_K*>(x)[e / kQK_K].d;
-  }
-  static int Quant(const void* x, int64_t e) {
-    return static_cast<const BlockQ8_K*>(x)[e / kQK_K].qs[e % kQK_K];
-  }
-  static double Sum(const void* x, int64_t e, int64_t qsum) { return Scale(x, e) * double(qsum); }
-};
 
-// Σ over groups of d_x * d * sc * Σ q q_x - dm * mn * Σ x (Act::Sum: d_x * Σ q_x, or Q8_1's
-// s), each group's sums exact integers (a group lies within one activation block), accumulated
-// in double.
+// Σ over groups of d_x * d * sc * Σ q q_x - dm * mn * Σ x (Act::Sum: d_x * Σ q_x), each group's
+// sums exact integers (a group lies within one activation block), accumulated in double.
 template <DecodeFn kDecode, int kBlock, class Act>
 float DecodedVecDot(int64_t n, const void* w, const void* x) {
   static_assert(kBlock % Act::kBlock == 0 || Act::kBlock % kBlock == 0);
@@ -84,6 +64,69 @@ float DecodedVecDot(int64_t n, const void* w, const void* x) {
     }
   }
   return static_cast<float>(sum);
+}
+
+// The super-block types over Q8_K exactly as ggml's x86 kernels compute them (KMins,
+// kquant_simd.inc's GgmlSuperAcc): per block the integer lanes L[m] over elements 4m .. 4m + 3
+// of every 32, acc[m] = fma(d_x d, L[m], acc[m]) with the mins as kMins says, then
+// hsum_float_8. Plain float operations in that order, so every ISA's dot equals this one.
+template <DecodeFn kDecode, KMins kMins>
+float GgmlSuperVecDot(int64_t n, const void* w, const void* x) {
+  const auto* xb = static_cast<const BlockQ8_K*>(x);
+  DecodedBlock b;
+  float acc[8] = {}, mins4[4] = {}, mins = 0.0f;
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    kDecode(w, i, &b);
+    const BlockQ8_K& y = xb[i];
+    int32_t lanes[8] = {};
+    for (int e = 0; e < kQK_K; ++e) lanes[(e % 32) / 4] += b.sc[e / b.group] * b.q[e] * y.qs[e];
+    // The mins per 16 elements, as the int16 pairs ggml multiplies the bsums with.
+    int32_t pairs[8];
+    for (int j = 0; j < 8; ++j) {
+      pairs[j] = b.mn[2 * j * 16 / b.group] * y.bsums[2 * j] +
+                 b.mn[(2 * j + 1) * 16 / b.group] * y.bsums[2 * j + 1];
+    }
+    const float dmin = -y.d * b.dm;
+    if constexpr (kMins == KMins::kLanes8) {
+      for (int m = 0; m < 8; ++m) acc[m] = std::fma(dmin, static_cast<float>(pairs[m]), acc[m]);
+    } else if constexpr (kMins == KMins::kLanes4) {
+      for (int m = 0; m < 4; ++m) {
+        mins4[m] = std::fma(dmin, static_cast<float>(pairs[2 * m] + pairs[2 * m + 1]), mins4[m]);
+      }
+    } else if constexpr (kMins == KMins::kSum) {
+      int32_t sum = 0;
+      for (int32_t p : pairs) sum += p;
+      mins = std::fma(dmin, static_cast<float>(sum), mins);
+    }
+    const float d = y.d * b.d;
+    for (int m = 0; m < 8; ++m) acc[m] = std::fma(d, static_cast<float>(lanes[m]), acc[m]);
+  }
+  float r = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+  if constexpr (kMins == KMins::kLanes4) r += (mins4[0] + mins4[2]) + (mins4[1] + mins4[3]);
+  if constexpr (kMins == KMins::kSum) r += mins;
+  return r;
+}
+
+// Q4_1 and Q5_1 over Q8_1 exactly as ggml's x86 kernels compute them (kernels_simd.inc's
+// GgmlMinDot): per block the integer lanes over 4 consecutive elements, acc[m] = fma(L[m],
+// d d_x, acc[m]), mins = fma(m, s_x, mins); then hsum_float_8 + mins.
+template <DecodeFn kDecode>
+float GgmlMinVecDot(int64_t n, const void* w, const void* x) {
+  const auto* xb = static_cast<const BlockQ8_1*>(x);
+  DecodedBlock b;
+  float acc[8] = {}, mins = 0.0f;
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    kDecode(w, i, &b);
+    const BlockQ8_1& y = xb[i];
+    const float d = b.d * HalfToFloat(y.d);
+    for (int m = 0; m < 8; ++m) {
+      int32_t lane = 0;
+      for (int e = 4 * m; e < 4 * m + 4; ++e) lane += b.q[e] * y.qs[e];
+      acc[m] = std::fma(static_cast<float>(lane), d, acc[m]);
+    }
+    mins = std::fma(b.dm, HalfToFloat(y.s), mins);  // DecodedBlock's dm: the min m
+  }
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + mins;
 }
 
 template <float (*kDot)(int64_t, const void*, const void*)>
@@ -116,21 +159,41 @@ IsaTypeKernels Entry(GgmlType type, GgmlType act, void (*quantize)(const float*,
           DecodedAxpy<kDecode, kBlock>};
 }
 
+template <DecodeFn kDecode>
+IsaTypeKernels MinEntry(GgmlType type, void (*quantize)(const float*, void*, int64_t)) {
+  constexpr auto kDot = GgmlMinVecDot<kDecode>;
+  return {type,
+          {GgmlType::kQ8_1, DecodedToFloat<kDecode, 32>, quantize, kDot, VecDotMulti<kDot>},
+          {},
+          {},
+          DecodedAxpy<kDecode, 32>};
+}
+
+template <DecodeFn kDecode, KMins kMins>
+IsaTypeKernels SuperEntry(GgmlType type, void (*quantize)(const float*, void*, int64_t)) {
+  constexpr auto kDot = GgmlSuperVecDot<kDecode, kMins>;
+  return {type,
+          {GgmlType::kQ8_K, DecodedToFloat<kDecode, kQK_K>, quantize, kDot, VecDotMulti<kDot>},
+          {},
+          {},
+          DecodedAxpy<kDecode, kQK_K>};
+}
+
 }  // namespace
 
 std::vector<IsaTypeKernels> ScalarQuantTypes() {
   using T = GgmlType;
   return {
-      Entry<DecodeQ4_1, 32, Q8_1Act>(T::kQ4_1, T::kQ8_1, QuantizeQ4_1),
+      MinEntry<DecodeQ4_1>(T::kQ4_1, QuantizeQ4_1),
       Entry<DecodeQ5_0, 32, Q8_0Act>(T::kQ5_0, T::kQ8_0, QuantizeQ5_0),
-      Entry<DecodeQ5_1, 32, Q8_1Act>(T::kQ5_1, T::kQ8_1, QuantizeQ5_1),
+      MinEntry<DecodeQ5_1>(T::kQ5_1, QuantizeQ5_1),
       Entry<DecodeIQ4_NL, 32, Q8_0Act>(T::kIQ4_NL, T::kQ8_0, QuantizeIQ4_NL),
-      Entry<DecodeQ2_K, kQK_K, Q8_KAct>(T::kQ2_K, T::kQ8_K, QuantizeQ2_K),
-      Entry<DecodeQ3_K, kQK_K, Q8_KAct>(T::kQ3_K, T::kQ8_K, QuantizeQ3_K),
-      Entry<DecodeQ4_K, kQK_K, Q8_KAct>(T::kQ4_K, T::kQ8_K, QuantizeQ4_K),
-      Entry<DecodeQ5_K, kQK_K, Q8_KAct>(T::kQ5_K, T::kQ8_K, QuantizeQ5_K),
-      Entry<DecodeQ6_K, kQK_K, Q8_KAct>(T::kQ6_K, T::kQ8_K, QuantizeQ6_K),
-      Entry<DecodeIQ4_XS, kQK_K, Q8_KAct>(T::kIQ4_XS, T::kQ8_K, QuantizeIQ4_XS),
+      SuperEntry<DecodeQ2_K, KMins::kLanes8>(T::kQ2_K, QuantizeQ2_K),
+      SuperEntry<DecodeQ3_K, KMins::kNone>(T::kQ3_K, QuantizeQ3_K),
+      SuperEntry<DecodeQ4_K, KMins::kLanes4>(T::kQ4_K, QuantizeQ4_K),
+      SuperEntry<DecodeQ5_K, KMins::kSum>(T::kQ5_K, QuantizeQ5_K),
+      SuperEntry<DecodeQ6_K, KMins::kNone>(T::kQ6_K, QuantizeQ6_K),
+      SuperEntry<DecodeIQ4_XS, KMins::kNone>(T::kIQ4_XS, QuantizeIQ4_XS),
       // Activations only: the Q8_K conversions, no dot.
       {T::kQ8_K, {T::kF32, DequantizeQ8_K, QuantizeQ8_K, nullptr, nullptr}, {}, {}, nullptr},
   };

@@ -73,6 +73,8 @@ inline F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
 inline F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
 inline F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
 inline F Max(F a, F b) { return _mm512_max_ps(a, b); }
+inline F Min(F a, F b) { return _mm512_min_ps(a, b); }
+inline F Div(F a, F b) { return _mm512_div_ps(a, b); }
 inline F Abs(F v) { return _mm512_abs_ps(v); }
 inline F RoundHalfAway(F v) {
   const F t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
@@ -99,6 +101,10 @@ inline I LoadQ8(const BlockQ8_0* b, int nblk) {
   if (nblk == 1) return _mm512_zextsi256_si512(lo);
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[1].qs)), 1);
+}
+// The 32 bytes of one block in the low half (the rest zero).
+inline I LoadBlock32(const void* p) {
+  return _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline I LoadBytes(const void* p) { return _mm512_loadu_si512(p); }
 inline void StoreBytes(void* p, I v) { _mm512_storeu_si512(p, v); }
@@ -305,14 +311,33 @@ inline void SplitNibbles16(const uint8_t* p, int16_t* lo, int16_t* hi) {
 }
 // The bits of a deposited at the set bits of mask, low to high (BMI2 pdep).
 inline uint64_t DepositBits(uint64_t a, uint64_t mask) { return _pdep_u64(a, mask); }
-// out[j] = in[j] * k, 16 int16.
-inline void MulI16x16(const int16_t* in, int16_t k, int16_t* out) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      _mm256_mullo_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)),
-                                         _mm256_set1_epi16(k)));
-}
 inline void ZeroI16x16(int16_t* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_setzero_si256());
+}
+
+// ---- Eight float lanes: the accumulators of ggml's x86 super-block dots (kquant_simd.inc) ----
+using F8 = __m256;
+inline F8 Zero8() { return _mm256_setzero_ps(); }
+inline F8 Set1x8(float v) { return _mm256_set1_ps(v); }
+inline F8 Fma8(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }
+inline void Store8(float* p, F8 v) { _mm256_storeu_ps(p, v); }
+// The 8 int32 pair sums a[2i] b[2i] + a[2i+1] b[2i+1] of 16 int16, as floats.
+inline F8 MaddI16x16ToFloat8(const int16_t* a, const int16_t* b) {
+  return _mm256_cvtepi32_ps(
+      _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))));
+}
+// ggml's hsum_float_8: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
+inline float ReduceAdd8(F8 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+// The int32 lanes of an I folded into 8 (lane m + lane m + 8: elements 4m .. 4m + 3 of each of
+// the two groups of 32), as floats.
+inline F8 ToFloat8(I v) {
+  return _mm256_cvtepi32_ps(
+      _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
 }
 
 }  // namespace thermocline::THERMOCLINE_VEC_NS

@@ -2,20 +2,15 @@
 // (../shared/models/kquants/, made by llama-quantize; its README has the perplexities): prompt
 // ids, greedy tokens, first-position logits and perplexity of each stories-wide.TYPE.gguf.
 //
-// Both run with an F16 KV cache (llama.cpp's default, Thermocline's too, computed as llama.cpp
-// computes it: session.h), and on 11 of the 16 quantized files the first-position logits agree
-// within 1e-5 on every prompt. RoPE's angles and rotation, RMS norm and the Q8_0/Q8_1
-// activations round as ggml's x86 code does (kernels.h's from_float: with the reference
-// quantizer's rounding instead, Q4_0 parted from llama.cpp on 2 prompts, now on none); why the
-// others are not compared more tightly: both quantize every matrix's
-// activations to 8 bits and round q, K, V and the softmax weights to half, step functions; the
-// ulp differences that remain (the exp of SiLU and softmax, which ggml computes with its own
-// vector exp, and the float summation order of the products) move an activation across a step
-// now and then, which perturbs the next layers, which moves more. Two correct implementations
-// therefore differ by about as much as those roundings move the output: llama.cpp's own
-// perplexity moves by up to 0.64% (IQ4_XS) between its F16 and F32 caches on these files, and
-// its Q8_0 logits differ from its F32 ones by up to 0.40. So greedy tokens must match until a
-// near-tie, logits within the noise.
+// Both run with an F16 KV cache (llama.cpp's default, Thermocline's too). Thermocline computes
+// these files as llama.cpp's x86 CPU build does, operation for operation: the super-block and
+// Q4_1/Q5_1 dots in ggml's summation order (kernels_internal.h's KMins, kernels_simd.inc's
+// GgmlMinDot), the F16 attention with its products' orders and vector exp, SiLU with that exp,
+// RoPE, RMS norm and the 8-bit activations as ggml rounds them. So the logits are llama.cpp's to
+// the reference files' printed precision on every prompt, and greedy tokens part from llama.cpp's
+// only where an operation is still computed otherwise (Q5_0, Q8_0, IQ4_NL and Q4_0, whose
+// prefill llama.cpp runs through llamafile's kernels and Q4_0 its repacked ones): measured on one
+// prompt of IQ4_NL, at token 21, a near-tie.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -51,19 +46,19 @@ double Perplexity(const LlamaModel& model, ThreadPool& pool) {
   return r->ppl;
 }
 
-// Where two correct implementations may pick different tokens: our logit of our token exceeds
-// ours of llama.cpp's by less than this (measured up to 0.23 where they part); a decoding error
-// moves logits by whole units (Q4_0's weights alone move them by up to 3.6 from F32).
-constexpr double kNearTie = 0.4;
-// First-position logits: measured differences up to 0.41 (Q4_0 on "Lily and Ben", every ISA),
-// see the top of the file.
-constexpr double kLogitTolerance = 0.6;
-// Perplexity: over 252 scored tokens the realization of that noise moves it by up to 0.49%
-// (IQ4_XS with the VNNI kernels; 0.45% with AVX2 and AVX-512, Q3_K_M; 0.43% scalar, Q2_K), so
-// each file within 0.6%; a systematic error would shift all files, so their mean deviation
-// (measured 0.15% to 0.16% on every ISA) must stay within 0.25%.
-constexpr double kPerplexityTolerance = 0.006;
-constexpr double kMeanPerplexityTolerance = 0.0025;
+// Where greedy tokens part (see the top of the file): our logit of our token exceeds ours of
+// llama.cpp's by less than this (measured up to 0.06); a decoding error moves logits by whole
+// units (Q4_0's weights alone move them by up to 3.6 from F32).
+constexpr double kNearTie = 0.2;
+// First-position logits: measured differences up to 4.8e-6 (the references print 7 digits);
+// 1e-4 leaves room for a last-bit difference of the kernels that are not in ggml's order.
+constexpr double kLogitTolerance = 1e-4;
+// Perplexity (128-token batches): measured within 0.002% of llama.cpp's for the types computed
+// in ggml's order, 0.1% for Q5_0, Q8_0 and IQ4_NL, whose prefill llama.cpp runs through
+// llamafile's kernels; a systematic error would shift all files, so their mean deviation
+// (measured 0.016%) must stay within 0.1%.
+constexpr double kPerplexityTolerance = 0.004;
+constexpr double kMeanPerplexityTolerance = 0.001;
 
 TEST_CASE("stories-wide in every llama.cpp type matches llama.cpp", "[kquants][model]") {
   if (!std::filesystem::exists(TestModelPath("kquants/stories-wide.f32.gguf"))) {
@@ -80,7 +75,7 @@ TEST_CASE("stories-wide in every llama.cpp type matches llama.cpp", "[kquants][m
     auto session = Session::Create(model, &pool, so);
     REQUIRE(session.ok());
     const int64_t n_vocab = model.hparams().n_vocab;
-    int all48 = 0, matched = 0;
+    int all48 = 0, matched = 0, first16 = 0;
     double max_err = 0;
     for (const nlohmann::json& p : ref["prompts"]) {
       INFO(file << " prompt '" << p["prompt"].get<std::string>() << "'");
@@ -108,6 +103,7 @@ TEST_CASE("stories-wide in every llama.cpp type matches llama.cpp", "[kquants][m
       }
       matched += static_cast<int>(same);
       all48 += same == want.size();
+      first16 += same >= 16;
       (*session)->Reset();
     }
     const double ppl = Perplexity(model, pool);
@@ -116,9 +112,12 @@ TEST_CASE("stories-wide in every llama.cpp type matches llama.cpp", "[kquants][m
     WARN(type << ": greedy equal on " << matched << " of 192 positions (all 48 on " << all48
               << " prompts), max logit error " << max_err << ", ppl " << ppl << " vs llama.cpp's "
               << llama_ppl << " (" << 100 * deviation << "%)");
-    CHECK(max_err < (type == "f32" ? 0.002 : kLogitTolerance));  // f32: float sums alone
+    // f32: llama.cpp runs its F32 products through other kernels than ggml's dot.
+    CHECK(max_err < (type == "f32" ? 0.002 : kLogitTolerance));
     CHECK(std::fabs(deviation) < (type == "f32" ? 0.001 : kPerplexityTolerance));
-    if (type == "f32") CHECK(all48 == 4);
+    // The issue's criterion: the first 16 tokens on every prompt, all 48 on at least 3 of 4.
+    CHECK(first16 == 4);
+    CHECK(all48 >= 3);
   }
   CHECK(sum_deviation / kLlamaCppPerplexity.size() < kMeanPerplexityTolerance);
 }
