@@ -337,6 +337,20 @@ void MatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t n_tok
     ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
       quant->quantize_panel(x + t * cols, cols, quant->offset, scratch_data + t * stride);
     });
+    if (n_tokens == 1 && quant->offset == -1) {
+      // Q4_1 and Q5_1 (offset -1 panels): their dots sum each row in one chain of blocks, in
+      // ggml's order, so a token takes kMaxDotRows rows at a time to keep several in flight.
+      constexpr int64_t kRows = ops_internal::kMaxDotRows;
+      pool.ParallelShares(w.rows, kRowBlock, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; r += kRows) {
+          const int k = static_cast<int>(std::min(kRows, r1 - r));
+          const void* rows[kRows];
+          for (int i = 0; i < k; ++i) rows[i] = w.row(r + i);
+          quant->dot_rows(cols, rows, scratch_data, k, y + r);
+        }
+      });
+      return;
+    }
     RunTiles(pool, w.rows, n_tokens, y, [&](int64_t r, int64_t t0, int k, float* out) {
       quant->dot(cols, w.row(r), scratch_data + t0 * stride, stride, k, out);
     });

@@ -99,10 +99,6 @@ inline I LoadQ4(const BlockQ4_0* b, int /*nblk*/) {
 inline I LoadQ8(const BlockQ8_0* b, int /*nblk*/) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
 }
-// The 32 bytes of one block in the low half (the rest zero).
-inline I LoadBlock32(const void* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
 inline I LoadBytes(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline void StoreBytes(void* p, I v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
 inline I SubI8(I v, int8_t c) { return _mm256_sub_epi8(v, _mm256_set1_epi8(c)); }
@@ -321,5 +317,11 @@ inline float ReduceAdd8(F8 v) {
 }
 // The int32 lanes of an I as 8 floats (lane m: elements 4m .. 4m + 3 of each 32).
 inline F8 ToFloat8(I v) { return _mm256_cvtepi32_ps(v); }
+// Blocks of 32 bytes (kBlocks 1: only a), and the int32 lanes of each as 8 floats.
+inline I LoadBlocks32(const void* a, const void* /*b*/) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+}
+inline F8 LowToFloat8(I v) { return _mm256_cvtepi32_ps(v); }
+inline F8 HighToFloat8(I /*v*/) { return _mm256_setzero_ps(); }
 
 }  // namespace thermocline::vec_avx2

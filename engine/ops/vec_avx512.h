@@ -102,10 +102,6 @@ inline I LoadQ8(const BlockQ8_0* b, int nblk) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[1].qs)), 1);
 }
-// The 32 bytes of one block in the low half (the rest zero).
-inline I LoadBlock32(const void* p) {
-  return _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 inline I LoadBytes(const void* p) { return _mm512_loadu_si512(p); }
 inline void StoreBytes(void* p, I v) { _mm512_storeu_si512(p, v); }
 inline I SubI8(I v, int8_t c) { return _mm512_sub_epi8(v, _mm512_set1_epi8(c)); }
@@ -339,6 +335,15 @@ inline F8 ToFloat8(I v) {
   return _mm256_cvtepi32_ps(
       _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
 }
+// Blocks of 32 bytes a and b in the low and high halves, and the int32 lanes of each half as 8
+// floats.
+inline I LoadBlocks32(const void* a, const void* b) {
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+inline F8 LowToFloat8(I v) { return _mm256_cvtepi32_ps(_mm512_castsi512_si256(v)); }
+inline F8 HighToFloat8(I v) { return _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)); }
 
 }  // namespace thermocline::THERMOCLINE_VEC_NS
 

@@ -1,6 +1,7 @@
 // The kernels that compute in ggml's own order so that a llama.cpp file gives llama.cpp's numbers
 // bit for bit (kquants_reference_test.cc checks that against llama.cpp's outputs): the super-block
-// row dots (Q2_K .. Q6_K, IQ4_XS; kernels_internal.h's KMins) and SiLU (kernels.h's SiluMul).
+// row dots (Q2_K .. Q6_K, IQ4_XS; kernels_internal.h's KMins), Q4_1 and Q5_1 (kernels_simd.inc's
+// GgmlMinDots) and SiLU (kernels.h's SiluMul).
 // Every ISA must give the scalar reference's bits, and a prompt the same numbers as the tokens
 // one at a time.
 #include <catch2/catch.hpp>
@@ -25,13 +26,19 @@ std::vector<float> Random(int64_t n, uint32_t seed, float scale) {
   return v;
 }
 
-constexpr GgmlType kSuperTypes[] = {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
-                                    GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS};
+constexpr GgmlType kGgmlOrderTypes[] = {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                                        GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS,
+                                        GgmlType::kQ4_1, GgmlType::kQ5_1};
 
-TEST_CASE("the super-block dots give the scalar reference's bits on every ISA", "[kernels]") {
-  constexpr int64_t kCols = 5 * 256;  // an odd number of super-blocks
+// Columns: an odd number of blocks (super-blocks for the 256-element types).
+int64_t Cols(GgmlType type, int64_t super_blocks) {
+  return TypeInfo(type).block_size == 256 ? super_blocks * 256 : super_blocks * 256 + 32;
+}
+
+TEST_CASE("the dots in ggml's order give the scalar reference's bits on every ISA", "[kernels]") {
   constexpr int kRows = 7, kTokens = 3;
-  for (GgmlType type : kSuperTypes) {
+  for (GgmlType type : kGgmlOrderTypes) {
+    const int64_t kCols = Cols(type, 5);
     const TypeKernels& ref = *KernelsFor(type, Isa::kScalar);
     const size_t row_bytes = RowBytes(type, kCols);
     std::vector<uint8_t> w(kRows * row_bytes);
@@ -40,8 +47,8 @@ TEST_CASE("the super-block dots give the scalar reference's bits on every ISA", 
       const std::vector<float> f = Random(kCols, 100 + r, 0.02f * (r + 1));
       QuantizeWeights(ref, f.data(), w.data() + r * row_bytes, kCols);
     }
-    const TypeKernels& act = *KernelsFor(GgmlType::kQ8_K, Isa::kScalar);
-    const size_t x_bytes = RowBytes(GgmlType::kQ8_K, kCols);
+    const TypeKernels& act = *KernelsFor(ref.vec_dot_type, Isa::kScalar);
+    const size_t x_bytes = RowBytes(ref.vec_dot_type, kCols);
     std::vector<uint8_t> x(kTokens * x_bytes);
     for (int t = 0; t < kTokens; ++t) {
       const std::vector<float> f = Random(kCols, 200 + t, 1.0f + t);
@@ -65,15 +72,17 @@ TEST_CASE("the super-block dots give the scalar reference's bits on every ISA", 
 }
 
 // llama.cpp runs a prompt's tokens through the same dot as a single token's (no gemm for these
-// types), so a prompt's logits equal those of its tokens fed one by one; MatMul does the same.
-TEST_CASE("a super-block MatMul of several tokens equals one token at a time, bit for bit",
+// types), so a prompt's logits equal those of its tokens fed one by one; MatMul does the same
+// (one token of Q4_1 / Q5_1 takes several rows at a time, the same dots).
+TEST_CASE("a MatMul in ggml's order of several tokens equals one token at a time, bit for bit",
           "[kernels][matmul]") {
-  constexpr int64_t kCols = 3 * 256, kRows = 37, kTokens = 11;
+  constexpr int64_t kRows = 37, kTokens = 11;
   ThreadPool pool(2);
-  MatMulScratch scratch;
-  scratch.Reserve(kTokens, kCols);
-  const std::vector<float> x = Random(kTokens * kCols, 7, 1.0f);
-  for (GgmlType type : kSuperTypes) {
+  for (GgmlType type : kGgmlOrderTypes) {
+    const int64_t kCols = Cols(type, 3);
+    MatMulScratch scratch;
+    scratch.Reserve(kTokens, kCols);
+    const std::vector<float> x = Random(kTokens * kCols, 7, 1.0f);
     const size_t row_bytes = RowBytes(type, kCols);
     std::vector<uint8_t> data(kRows * row_bytes);
     const std::vector<float> f = Random(kRows * kCols, 11, 0.05f);
