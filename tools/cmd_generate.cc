@@ -25,6 +25,9 @@ constexpr char kUsage[] = R"(usage: thermocline generate -m MODEL -p PROMPT [opt
   -t, --threads N          CPU threads (default: all)
   -c, --ctx N              context length (default: the model's)
   --kv-type f16|f32        KV cache element type (default f16, as llama.cpp's)
+  --no-repack              read the weights as the file stores them (default: Q4_0 and the
+                           K-quants re-laid in row groups, faster; the file's rows give a
+                           K-quant file llama.cpp's numbers bit for bit, docs/types.md)
   --activation A           override the FFN activation: silu | relu | drelu
   --ignore-eos             keep generating past end-of-sequence tokens
   --json                   print one JSON object instead of streaming text
@@ -61,35 +64,36 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const Args& args) {
 }  // namespace
 
 int RunGenerate(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv,
-                          {"--model",
-                           "--prompt",
-                           "--n-predict",
-                           "--temp",
-                           "--top-k",
-                           "--top-p",
-                           "--min-p",
-                           "--repeat-penalty",
-                           "--frequency-penalty",
-                           "--presence-penalty",
-                           "--seed",
-                           "--threads",
-                           "--ctx",
-                           "--activation",
-                           "--sparse",
-                           "--sidecar",
-                           "--target-sparsity",
-                           "--sparse-method",
-                           "--gpu-memory",
-                           "--gpu-layers",
-                           "--kv-type"},
-                          {"--json", "--ignore-eos", "--help", "--oracle", "--logprobs"},
-                          {{"-m", "--model"},
-                           {"-p", "--prompt"},
-                           {"-n", "--n-predict"},
-                           {"-t", "--threads"},
-                           {"-c", "--ctx"},
-                           {"-h", "--help"}});
+  auto args =
+      Args::Parse(argc, argv,
+                  {"--model",
+                   "--prompt",
+                   "--n-predict",
+                   "--temp",
+                   "--top-k",
+                   "--top-p",
+                   "--min-p",
+                   "--repeat-penalty",
+                   "--frequency-penalty",
+                   "--presence-penalty",
+                   "--seed",
+                   "--threads",
+                   "--ctx",
+                   "--activation",
+                   "--sparse",
+                   "--sidecar",
+                   "--target-sparsity",
+                   "--sparse-method",
+                   "--gpu-memory",
+                   "--gpu-layers",
+                   "--kv-type"},
+                  {"--json", "--ignore-eos", "--help", "--oracle", "--logprobs", "--no-repack"},
+                  {{"-m", "--model"},
+                   {"-p", "--prompt"},
+                   {"-n", "--n-predict"},
+                   {"-t", "--threads"},
+                   {"-c", "--ctx"},
+                   {"-h", "--help"}});
   if (!args.ok()) return Fail("generate", args.status(), true);
   if (args->Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -118,6 +122,7 @@ int RunGenerate(int argc, char** argv) {
   ThreadPool pool(*threads);
   EngineOptions engine_options;
   engine_options.n_ctx = *ctx;
+  engine_options.repack = !args->Has("--no-repack");
   auto engine = EngineFromArgs(*args, **model, pool, engine_options);
   if (!engine.ok()) {
     return Fail("generate", engine.status(), absl::IsInvalidArgument(engine.status()));

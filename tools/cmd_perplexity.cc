@@ -16,7 +16,7 @@ int RunPerplexity(int argc, char** argv) {
       argc, argv,
       {"--model", "--file", "--ctx", "--threads", "--activation", "--sparse", "--sidecar",
        "--target-sparsity", "--sparse-method", "--gpu-memory", "--gpu-layers", "--kv-type"},
-      {"--json", "--help", "--oracle"},
+      {"--json", "--help", "--oracle", "--no-repack"},
       {{"-m", "--model"},
        {"-f", "--file"},
        {"-c", "--ctx"},
@@ -26,7 +26,8 @@ int RunPerplexity(int argc, char** argv) {
   if (args->Has("--help")) {
     std::puts(
         "usage: thermocline perplexity -m MODEL -f TEXT [--ctx 512] [--threads N] "
-        "[--activation A] [--kv-type f16|f32] [--json]");
+        "[--activation A] [--kv-type f16|f32] [--no-repack] [--json]\n"
+        "  --no-repack  read the weights as the file stores them (generate --help)");
     std::fputs(kSparseUsage, stdout);
     std::fputs(kGpuLayersUsage, stdout);
     return 0;
@@ -57,6 +58,7 @@ int RunPerplexity(int argc, char** argv) {
   engine_options.max_batch = std::min<int64_t>(*ctx, 4096);
   // Every token through the sparse FFN (no dense prefill): the perplexity measures sparsity.
   engine_options.dense_prefill = false;
+  engine_options.repack = !args->Has("--no-repack");
   auto engine = EngineFromArgs(*args, **model, pool, engine_options);
   if (!engine.ok()) {
     return Fail("perplexity", engine.status(), absl::IsInvalidArgument(engine.status()));
