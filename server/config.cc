@@ -116,6 +116,7 @@ absl::Status ReadModels(const toml::node* node, ServerConfig* c) {
     r.Get<std::string>("gpu_memory", &m.gpu_memory);
     r.Get<std::string>("gpu_layers", &m.gpu_layers);
     r.Get<std::string>("kv_type", &m.kv_type);
+    r.Get<bool>("repack", &m.repack);
     if (absl::Status s = r.Finish(); !s.ok()) return s;
     if (m.path.empty()) return KeyError("models.path", "is required");
     c->models.push_back(std::move(m));

@@ -35,6 +35,9 @@ struct ModelConfig {
   std::string gpu_memory;
   std::string gpu_layers;
   std::string kv_type = "f16";  // the KV cache's element type: "f16" (as llama.cpp's) or "f32"
+  // The dense CPU path's weights re-laid at load (Q4_0 and the K-quants in row groups; faster).
+  // false: the file's rows, with which a K-quant file gives llama.cpp's numbers bit for bit.
+  bool repack = true;
 };
 
 // The engine options of `gpu_memory` / `gpu_layers` (validated by FinalizeConfig).

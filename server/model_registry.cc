@@ -184,6 +184,7 @@ absl::StatusOr<std::shared_ptr<const Engine>> ModelRegistry::BuildEngine(
   EngineOptions options;
   options.n_ctx = l.n_ctx;
   options.max_batch = options_.max_batch;
+  options.repack = m->config.repack;
   if (!ParseKvType(m->config.kv_type, &options.kv_type)) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_type '", m->config.kv_type, "' is not one of f16, f32"));

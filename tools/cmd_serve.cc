@@ -43,6 +43,8 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
                            as many as fit under --gpu-memory or the device's free memory)
   --kv-type f16|f32        every model's KV cache element type (default f16, as llama.cpp's;
                            [[models]] kv_type)
+  --no-repack              every model's weights as the file stores them ([[models]] repack:
+                           default true, Q4_0 and the K-quants re-laid at load, faster)
   --state-dir DIR          registry, job artefacts and sidecars of registered models (default
                            $XDG_STATE_HOME/thermocline or ~/.local/state/thermocline)
   --admin-key KEY          require this key for /admin/* (default: the API key, if any)
@@ -129,6 +131,9 @@ absl::Status ApplyFlags(const Args& args, server::ServerConfig* c) {
   if (auto kv = args.Get("--kv-type")) {
     for (server::ModelConfig& m : c->models) m.kv_type = *kv;
   }
+  if (args.Has("--no-repack")) {
+    for (server::ModelConfig& m : c->models) m.repack = false;
+  }
   if (auto method = args.Get("--sparse-method")) {
     for (server::ModelConfig& m : c->models) m.sparse_method = *method;
   }
@@ -154,7 +159,7 @@ int RunServe(int argc, char** argv) {
       {"--config", "--host", "--port", "--api-key", "--slots", "--queue", "--threads", "--ctx",
        "--log-level", "--sparse", "--sidecar", "--state-dir", "--admin-key", "--grpc-port",
        "--gpu-memory", "--gpu-layers", "--kv-type", "--sparse-method", "--target-sparsity"},
-      {"--help", "--oracle", "--no-prompt-cache"},
+      {"--help", "--oracle", "--no-prompt-cache", "--no-repack"},
       {{"-t", "--threads"}, {"-c", "--ctx"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("serve", args.status(), true);
   if (args->Has("--help")) {

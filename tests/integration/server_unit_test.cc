@@ -249,6 +249,7 @@ path = "/x/a.gguf"
 path = "/x/b.gguf"
 name = "bee"
 kv_type = "f32"
+repack = false
 sparse_method = "gate-first"
 target_sparsity = 0.4
 )";
@@ -268,6 +269,8 @@ target_sparsity = 0.4
   CHECK(c.models[1].name == "bee");
   CHECK(c.models[0].kv_type == "f16");  // the default, as llama.cpp's
   CHECK(c.models[1].kv_type == "f32");
+  CHECK(c.models[0].repack);  // the default: re-laid rows
+  CHECK(!c.models[1].repack);
   CHECK(c.models[0].sparse_method == "predicted");  // the default: the predictors decide
   CHECK(c.models[0].target_sparsity == 0);
   CHECK(c.models[1].sparse_method == "gate-first");
