@@ -298,23 +298,7 @@ inline void ZeroI16x16(int16_t* out) {
 }
 
 // ---- Eight float lanes: the accumulators of ggml's x86 super-block dots (kquant_simd.inc) ----
-using F8 = __m256;
-inline F8 Zero8() { return _mm256_setzero_ps(); }
-inline F8 Set1x8(float v) { return _mm256_set1_ps(v); }
-inline F8 Fma8(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }
-inline void Store8(float* p, F8 v) { _mm256_storeu_ps(p, v); }
-// The 8 int32 pair sums a[2i] b[2i] + a[2i+1] b[2i+1] of 16 int16, as floats.
-inline F8 MaddI16x16ToFloat8(const int16_t* a, const int16_t* b) {
-  return _mm256_cvtepi32_ps(
-      _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))));
-}
-// ggml's hsum_float_8: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
-inline float ReduceAdd8(F8 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
+#include "engine/ops/vec_f8.inc"
 // The int32 lanes of an I as 8 floats (lane m: elements 4m .. 4m + 3 of each 32).
 inline F8 ToFloat8(I v) { return _mm256_cvtepi32_ps(v); }
 // Blocks of 32 bytes (kBlocks 1: only a), and the int32 lanes of each as 8 floats.
