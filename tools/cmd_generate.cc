@@ -26,8 +26,8 @@ constexpr char kUsage[] = R"(usage: thermocline generate -m MODEL -p PROMPT [opt
   -c, --ctx N              context length (default: the model's)
   --kv-type f16|f32        KV cache element type (default f16, as llama.cpp's)
   --no-repack              read the weights as the file stores them (default: Q4_0 and the
-                           K-quants re-laid in row groups, faster; the file's rows give a
-                           K-quant file llama.cpp's numbers bit for bit, docs/types.md)
+                           K-quants re-laid in row groups, faster; a K-quant file gives
+                           llama.cpp's numbers bit for bit either way, docs/types.md)
   --activation A           override the FFN activation: silu | relu | drelu
   --ignore-eos             keep generating past end-of-sequence tokens
   --json                   print one JSON object instead of streaming text

@@ -27,6 +27,20 @@ namespace thermocline::ops_internal {
 //   kSum     Q5_K: one integer sum per block, fused into one float.
 enum class KMins { kNone, kLanes8, kLanes4, kSum };
 
+// ggml's float part of a super-block dot, in plain float operations (kquant_simd.inc's
+// GgmlSuperAcc does it in vectors): Add takes one block's 8 integer lanes L[m] (elements
+// 4m .. 4m + 3 of every 32, times their sub-block's scale), the mins' products P[m] (the mins of
+// 16-element sub-blocks 2m and 2m + 1 times their bsums) and d = d_x·d, dmin = -d_x·dmin; Sum is
+// hsum_float_8 of the lanes plus the mins as `mins` says. Shared by the scalar references of the
+// file's rows (kernels_scalar_quants.cc, which defines it) and of the row groups
+// (kquant_groups_scalar.cc), so both give llama.cpp's bits.
+struct GgmlSuperFloats {
+  KMins kind;
+  float acc[8] = {}, mins4[4] = {}, mins = 0.0f;
+  void Add(const int32_t lanes[8], const int32_t pairs[8], float d, float dmin);
+  float Sum() const;
+};
+
 // Panel: one row of activations quantized to Q8_0 and laid out for the int8 dot kernels.
 // Blocks are stored in groups of two (64 elements, kPanelGroupBytes bytes, 64-byte aligned when
 // the row is):

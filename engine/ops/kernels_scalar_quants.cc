@@ -74,7 +74,7 @@ template <DecodeFn kDecode, KMins kMins>
 float GgmlSuperVecDot(int64_t n, const void* w, const void* x) {
   const auto* xb = static_cast<const BlockQ8_K*>(x);
   DecodedBlock b;
-  float acc[8] = {}, mins4[4] = {}, mins = 0.0f;
+  GgmlSuperFloats sum{kMins};
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     kDecode(w, i, &b);
     const BlockQ8_K& y = xb[i];
@@ -86,25 +86,9 @@ float GgmlSuperVecDot(int64_t n, const void* w, const void* x) {
       pairs[j] = b.mn[2 * j * 16 / b.group] * y.bsums[2 * j] +
                  b.mn[(2 * j + 1) * 16 / b.group] * y.bsums[2 * j + 1];
     }
-    const float dmin = -y.d * b.dm;
-    if constexpr (kMins == KMins::kLanes8) {
-      for (int m = 0; m < 8; ++m) acc[m] = std::fma(dmin, static_cast<float>(pairs[m]), acc[m]);
-    } else if constexpr (kMins == KMins::kLanes4) {
-      for (int m = 0; m < 4; ++m) {
-        mins4[m] = std::fma(dmin, static_cast<float>(pairs[2 * m] + pairs[2 * m + 1]), mins4[m]);
-      }
-    } else if constexpr (kMins == KMins::kSum) {
-      int32_t sum = 0;
-      for (int32_t p : pairs) sum += p;
-      mins = std::fma(dmin, static_cast<float>(sum), mins);
-    }
-    const float d = y.d * b.d;
-    for (int m = 0; m < 8; ++m) acc[m] = std::fma(d, static_cast<float>(lanes[m]), acc[m]);
+    sum.Add(lanes, pairs, y.d * b.d, -y.d * b.dm);
   }
-  float r = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-  if constexpr (kMins == KMins::kLanes4) r += (mins4[0] + mins4[2]) + (mins4[1] + mins4[3]);
-  if constexpr (kMins == KMins::kSum) r += mins;
-  return r;
+  return sum.Sum();
 }
 
 // Q4_1 and Q5_1 over Q8_1 exactly as ggml's x86 kernels compute them (kernels_simd.inc's
@@ -180,6 +164,28 @@ IsaTypeKernels SuperEntry(GgmlType type, void (*quantize)(const float*, void*, i
 }
 
 }  // namespace
+
+void GgmlSuperFloats::Add(const int32_t lanes[8], const int32_t pairs[8], float d, float dmin) {
+  if (kind == KMins::kLanes8) {
+    for (int m = 0; m < 8; ++m) acc[m] = std::fma(dmin, static_cast<float>(pairs[m]), acc[m]);
+  } else if (kind == KMins::kLanes4) {
+    for (int m = 0; m < 4; ++m) {
+      mins4[m] = std::fma(dmin, static_cast<float>(pairs[2 * m] + pairs[2 * m + 1]), mins4[m]);
+    }
+  } else if (kind == KMins::kSum) {
+    int32_t total = 0;
+    for (int m = 0; m < 8; ++m) total += pairs[m];
+    mins = std::fma(dmin, static_cast<float>(total), mins);
+  }
+  for (int m = 0; m < 8; ++m) acc[m] = std::fma(d, static_cast<float>(lanes[m]), acc[m]);
+}
+
+float GgmlSuperFloats::Sum() const {
+  float r = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+  if (kind == KMins::kLanes4) r += (mins4[0] + mins4[2]) + (mins4[1] + mins4[3]);
+  if (kind == KMins::kSum) r += mins;
+  return r;
+}
 
 std::vector<IsaTypeKernels> ScalarQuantTypes() {
   using T = GgmlType;

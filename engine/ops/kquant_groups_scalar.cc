@@ -1,10 +1,10 @@
 // The scalar reference of the K-quants' row-group kernels (kernels_internal.h's layouts and
 // KGroupKernels): always compiled, what the SIMD versions (kquant_groups_simd.inc) are tested
-// against. Per row and super-block it computes what they compute per lane: the exact integer
-// sums (Q4_K, Q5_K, Q2_K: Σ sc·(q·x) and Σ m·Σx; Q6_K, Q3_K: Σ sc·(q·x - offset·Σx)), then one
-// fused multiply-add of each, times d·dx (and dmin·dx), into the row's float sums, so every ISA
-// gives the same bits.
-#include <cmath>
+// against. Per row and super-block it takes the integer lanes of ggml's x86 dot from the group's
+// bytes (lane m: elements 4m .. 4m + 3 of every 32, each times its sub-block's scale, which in a
+// group is chunk m of every pair or half) and the mins' products, and hands them to
+// GgmlSuperFloats, the float part that the file's rows' reference shares: a row of a group gives
+// the bits the row gives in the file, llama.cpp's.
 #include <cstring>
 
 #include "engine/ops/kernels.h"
@@ -15,12 +15,18 @@ namespace {
 
 constexpr int kRows = kQ4GroupRows;
 
+float Half(const uint8_t* p, int i) {
+  uint16_t bits;
+  std::memcpy(&bits, p + 2 * i, 2);
+  return HalfToFloat(bits);
+}
+
 // Q4_K (kFifthBit false) or Q5_K: row i of the group at `group` against Q8_K blocks x.
 template <bool kFifthBit>
 float KGroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
   constexpr int64_t kRecord = kFifthBit ? kQ5KGroupSuperBytes : kQ4KGroupSuperBytes;
   constexpr int64_t kHigh = kFifthBit ? kQ5KGroupHighBytes : 0;
-  float sum = 0.0f, mins = 0.0f;
+  GgmlSuperFloats sum{kFifthBit ? KMins::kSum : KMins::kLanes4};
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* rec = group + sb * kRecord;
     const uint8_t* qh = rec + kQ4KGroupQuantBytes;
@@ -28,11 +34,11 @@ float KGroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x)
     const uint8_t* m = sc + 8 * kRows;
     const uint8_t* d = m + 8 * kRows;
     const int8_t* xq = x[sb].qs;
-    int32_t dot = 0, min_dot = 0;
+    int32_t lanes[8] = {}, pairs[8];
     for (int j = 0; j < 4; ++j) {
-      int32_t lo = 0, hi = 0;
       for (int c = 0; c < 8; ++c) {
         const uint8_t* q = rec + ((j * 8 + c) * kRows + i) * 4;
+        int32_t lo = 0, hi = 0;
         for (int k = 0; k < 4; ++k) {
           int w_lo = q[k] & 0x0F, w_hi = q[k] >> 4;
           if constexpr (kFifthBit) {
@@ -43,19 +49,17 @@ float KGroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x)
           lo += w_lo * xq[64 * j + 4 * c + k];
           hi += w_hi * xq[64 * j + 32 + 4 * c + k];
         }
+        lanes[c] += lo * sc[(2 * j) * kRows + i] + hi * sc[(2 * j + 1) * kRows + i];
       }
-      dot += lo * sc[(2 * j) * kRows + i] + hi * sc[(2 * j + 1) * kRows + i];
-      const int32_t sum_lo = x[sb].bsums[4 * j] + x[sb].bsums[4 * j + 1];
-      const int32_t sum_hi = x[sb].bsums[4 * j + 2] + x[sb].bsums[4 * j + 3];
-      min_dot += m[(j * kRows + i) * 2] * sum_lo + m[(j * kRows + i) * 2 + 1] * sum_hi;
+      // Sub-block 2j + s (of 32) has the mins of 16-element sub-blocks 4j + 2s and 4j + 2s + 1.
+      for (int s = 0; s < 2; ++s) {
+        pairs[2 * j + s] = m[(j * kRows + i) * 2 + s] *
+                           (x[sb].bsums[4 * j + 2 * s] + x[sb].bsums[4 * j + 2 * s + 1]);
+      }
     }
-    uint16_t d_bits, dmin_bits;
-    std::memcpy(&d_bits, d + 2 * i, 2);
-    std::memcpy(&dmin_bits, d + 2 * (kRows + i), 2);
-    sum = std::fma(static_cast<float>(dot), HalfToFloat(d_bits) * x[sb].d, sum);
-    mins = std::fma(static_cast<float>(min_dot), HalfToFloat(dmin_bits) * x[sb].d, mins);
+    sum.Add(lanes, pairs, x[sb].d * Half(d, i), -x[sb].d * Half(d, kRows + i));
   }
-  return sum - mins;
+  return sum.Sum();
 }
 
 // Q6_K, Q2_K and Q3_K: 16 sub-blocks of 16 in 4 streams per half, as the SIMD codecs read them.
@@ -105,41 +109,34 @@ struct Q2Ref {
 // Row i of the group at `group` against Q8_K blocks x.
 template <class Ref>
 float Sub16GroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x) {
-  float sum = 0.0f, mins = 0.0f;
+  GgmlSuperFloats sum{Ref::kMins ? KMins::kLanes8 : KMins::kNone};
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* rec = group + sb * Ref::kRecord;
     const uint8_t* sc = rec + Ref::kQuant;
     const uint8_t* d = sc + 16 * kRows;
     const int8_t* xq = x[sb].qs;
-    int32_t dot = 0, min_dot = 0;
+    int32_t lanes[8] = {}, pairs[8];
     for (int h = 0; h < 2; ++h) {
-      int32_t part[8] = {0};  // the sub-blocks 8h .. 8h + 7
       for (int k = 0; k < 8; ++k) {
         for (int b = 0; b < 4; ++b) {
           int v[4];
           Ref::Weights(rec, h, k, i, b, v);
           for (int s = 0; s < 4; ++s) {
-            part[2 * s + k / 4] += v[s] * xq[128 * h + 32 * s + 4 * k + b];
+            const int sub = 8 * h + 2 * s + k / 4;
+            lanes[k] +=
+                (v[s] - Ref::kOffset) * Ref::Scale(sc, sub, i) * xq[128 * h + 32 * s + 4 * k + b];
           }
         }
       }
-      for (int s = 0; s < 8; ++s) {
-        const int sub = 8 * h + s;
-        dot += (part[s] - Ref::kOffset * x[sb].bsums[sub]) * Ref::Scale(sc, sub, i);
-        min_dot += Ref::Min(sc, sub, i) * x[sb].bsums[sub];
-      }
     }
-    uint16_t d_bits;
-    std::memcpy(&d_bits, d + 2 * i, 2);
-    sum = std::fma(static_cast<float>(dot), HalfToFloat(d_bits) * x[sb].d, sum);
-    if constexpr (Ref::kMins) {
-      uint16_t dmin_bits;
-      std::memcpy(&dmin_bits, d + 2 * (kRows + i), 2);
-      mins = std::fma(static_cast<float>(min_dot), HalfToFloat(dmin_bits) * x[sb].d, mins);
+    for (int j = 0; j < 8; ++j) {
+      pairs[j] = Ref::Min(sc, 2 * j, i) * x[sb].bsums[2 * j] +
+                 Ref::Min(sc, 2 * j + 1, i) * x[sb].bsums[2 * j + 1];
     }
+    const float dmin = Ref::kMins ? -x[sb].d * Half(d, kRows + i) : 0.0f;
+    sum.Add(lanes, pairs, x[sb].d * Half(d, i), dmin);
   }
-  if constexpr (Ref::kMins) return sum - mins;
-  return sum;
+  return sum.Sum();
 }
 
 template <float (*RowDot)(int64_t, const uint8_t*, int, const BlockQ8_K*)>

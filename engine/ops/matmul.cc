@@ -104,8 +104,6 @@ struct GroupOps {
   void (*matvec)(int64_t, const uint8_t*, size_t, int64_t, const uint8_t*, float*) = nullptr;
   const ops_internal::IsaKernels* table = nullptr;
   const ops_internal::KGroupKernels* k_groups = nullptr;  // the K-quant layouts' kernels
-  // A row as the file stores it, for prefill's rows gemm.
-  void (*unpack_row)(const WeightView&, int64_t, void*) = nullptr;
   WeightLayout layout = WeightLayout::kRows;
   Isa isa = Isa::kScalar;  // of the Q8_K quantizer
 
@@ -118,24 +116,18 @@ struct GroupOps {
   }
 };
 
-// The K-quants' row-group layouts: their kernels, group size and copy back to the file's rows.
+// The K-quants' row-group layouts: their kernels and group size.
 struct KGroupLayout {
   WeightLayout layout;
   ops_internal::KGroupKernels ops_internal::IsaKernels::*kernels;
   size_t (*group_bytes)(int64_t n);
-  void (*unpack_row)(const WeightView&, int64_t, void*);
 };
 constexpr KGroupLayout kKGroupLayouts[] = {
-    {WeightLayout::kQ2_KGroups, &ops_internal::IsaKernels::q2k_groups, ops_internal::Q2KGroupBytes,
-     UnpackQ2_KGroupRow},
-    {WeightLayout::kQ3_KGroups, &ops_internal::IsaKernels::q3k_groups, ops_internal::Q3KGroupBytes,
-     UnpackQ3_KGroupRow},
-    {WeightLayout::kQ4_KGroups, &ops_internal::IsaKernels::q4k_groups, ops_internal::Q4KGroupBytes,
-     UnpackQ4_KGroupRow},
-    {WeightLayout::kQ5_KGroups, &ops_internal::IsaKernels::q5k_groups, ops_internal::Q5KGroupBytes,
-     UnpackQ5_KGroupRow},
-    {WeightLayout::kQ6_KGroups, &ops_internal::IsaKernels::q6k_groups, ops_internal::Q6KGroupBytes,
-     UnpackQ6_KGroupRow},
+    {WeightLayout::kQ2_KGroups, &ops_internal::IsaKernels::q2k_groups, ops_internal::Q2KGroupBytes},
+    {WeightLayout::kQ3_KGroups, &ops_internal::IsaKernels::q3k_groups, ops_internal::Q3KGroupBytes},
+    {WeightLayout::kQ4_KGroups, &ops_internal::IsaKernels::q4k_groups, ops_internal::Q4KGroupBytes},
+    {WeightLayout::kQ5_KGroups, &ops_internal::IsaKernels::q5k_groups, ops_internal::Q5KGroupBytes},
+    {WeightLayout::kQ6_KGroups, &ops_internal::IsaKernels::q6k_groups, ops_internal::Q6KGroupBytes},
 };
 const KGroupLayout* FindKGroupLayout(WeightLayout layout) {
   for (const KGroupLayout& k : kKGroupLayouts) {
@@ -158,41 +150,10 @@ GroupOps GroupOpsFor(const WeightView& w, Isa isa) {
     if (k == nullptr) Fatal("not a row-group layout", w);
     g.k_groups = &(g.table->*k->kernels);
     g.group_bytes = k->group_bytes(w.cols);
-    g.unpack_row = k->unpack_row;
     g.act_bytes = RowBytes(GgmlType::kQ8_K, w.cols);
     g.matvec = g.k_groups->matvec;
   }
   return g;
-}
-
-// Prefill over K-quant groups: each group's rows copied back into the file's layout in the
-// thread's buffer, then the rows' gemm over them. That gemm decodes a chunk of weights once for
-// all the tokens, where the groups' kernels take the tokens one or a few at a time and, for
-// Q5_K without VNNI, lose to it by more than the copy costs.
-void UnpackedGroupsGemm(ThreadPool& pool, const WeightView& w, const GroupOps& ops,
-                        const GemmKernels& gemm, const float* x, int64_t n_tokens, float* y,
-                        uint8_t* scratch_data, size_t scratch_bytes) {
-  const int64_t cols = w.cols, rows = w.rows;
-  const size_t stride = gemm.row_bytes(cols);
-  if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
-  ForEachToken(pool, n_tokens, cols, [&](int64_t t) {
-    gemm.quantize(x + t * cols, cols, gemm.offset, scratch_data + t * stride);
-  });
-  constexpr int64_t kGroupRows = ops_internal::kQ4GroupRows;
-  const int64_t n_groups = (rows + kGroupRows - 1) / kGroupRows;
-  ParallelChunks(pool, n_groups, 1, [&](int64_t g0, int64_t g1) {
-    thread_local std::vector<uint8_t> unpacked;  // grows once per thread, to the widest matrix
-    if (unpacked.size() < kGroupRows * w.row_bytes) unpacked.resize(kGroupRows * w.row_bytes);
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t r0 = g * kGroupRows, n = std::min(kGroupRows, rows - r0);
-      for (int64_t i = 0; i < n; ++i) ops.unpack_row(w, r0 + i, unpacked.data() + i * w.row_bytes);
-      for (int64_t i = 0; i < n; i += gemm.rows_per_group) {
-        gemm.gemm(cols, unpacked.data() + i * w.row_bytes, w.row_bytes,
-                  static_cast<int>(std::min<int64_t>(gemm.rows_per_group, n - i)), scratch_data,
-                  stride, n_tokens, y + r0 + i, rows);
-      }
-    }
-  });
 }
 
 // MatMul over row groups: x quantized once per token, then the groups shared out as RunTiles
@@ -201,13 +162,6 @@ void GroupsMatMul(ThreadPool& pool, const WeightView& w, const float* x, int64_t
                   uint8_t* scratch_data, size_t scratch_bytes, Isa isa) {
   const GroupOps ops = GroupOpsFor(w, isa);
   const int64_t cols = w.cols, rows = w.rows;
-  if (ops.unpack_row != nullptr) {
-    const GemmKernels* gemm = ops_internal::GemmFor(w.type, isa);
-    if (gemm != nullptr && n_tokens >= gemm->min_tokens) {
-      UnpackedGroupsGemm(pool, w, ops, *gemm, x, n_tokens, y, scratch_data, scratch_bytes);
-      return;
-    }
-  }
   const size_t stride = ops.act_bytes;
   if (stride * n_tokens > scratch_bytes) Fatal("scratch too small", w);
   ForEachToken(pool, n_tokens, cols,

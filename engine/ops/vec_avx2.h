@@ -240,6 +240,14 @@ inline I ScaleVector(const int16_t* s) {
 }
 // int32 lane i = a[2i] * b[2i] + a[2i+1] * b[2i+1] (int16 lanes).
 inline I MaddI16(I a, I b) { return _mm256_madd_epi16(a, b); }
+inline I SubI16(I a, I b) { return _mm256_sub_epi16(a, b); }
+// acc + MaddI16(a, b).
+inline I MaddAccI16(I acc, I a, I b) { return AddI32(acc, MaddI16(a, b)); }
+// Each int32 lane's low 16 bits in both of its halves: an int16 value v as the pair (v, v).
+inline I DupLowI16(I v) {
+  const __m128i pick = _mm_setr_epi32(0x01000100, 0x05040504, 0x09080908, 0x0D0C0D0C);
+  return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(pick));
+}
 // Σ a[i] * b[i] over 16 int16 values.
 inline int32_t DotI16x16(const int16_t* a, const int16_t* b) {
   const __m256i p = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),

@@ -258,6 +258,20 @@ inline I ScaleVector(const int16_t* s) {
   return _mm512_shuffle_epi8(_mm512_set1_epi64(v), pattern);
 }
 inline I MaddI16(I a, I b) { return _mm512_madd_epi16(a, b); }
+inline I SubI16(I a, I b) { return _mm512_sub_epi16(a, b); }
+// acc + MaddI16(a, b) (one instruction with VNNI).
+inline I MaddAccI16(I acc, I a, I b) {
+#ifdef THERMOCLINE_VNNI
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return AddI32(acc, MaddI16(a, b));
+#endif
+}
+// Each int32 lane's low 16 bits in both of its halves: an int16 value v as the pair (v, v).
+inline I DupLowI16(I v) {
+  const __m128i pick = _mm_setr_epi32(0x01000100, 0x05040504, 0x09080908, 0x0D0C0D0C);
+  return _mm512_shuffle_epi8(v, _mm512_broadcast_i32x4(pick));
+}
 inline int32_t DotI16x16(const int16_t* a, const int16_t* b) {
   const __m256i p = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));

@@ -118,24 +118,28 @@ TEST_CASE("inspect counts the tensors of each type of a llama.cpp file", "[cli][
   }
 }
 
-// Over the file's rows (--no-repack) the engine computes a K-quant file as llama.cpp does, bit
-// for bit (docs/types.md, "Against llama.cpp"): its greedy tokens and its perplexity, through
-// the commands. A Q3_K_M prompt on which the re-laid rows part from llama.cpp at token 13.
-TEST_CASE("generate and perplexity --no-repack give llama.cpp's tokens and perplexity",
+// The commands compute a K-quant file as llama.cpp does, bit for bit (docs/types.md, "Against
+// llama.cpp"), over the re-laid rows (the default) as over the file's (--no-repack): greedy tokens
+// and perplexity. A Q3_K_M prompt on which a re-laid row's one integer sum per block parted from
+// llama.cpp at token 13.
+TEST_CASE("generate and perplexity give llama.cpp's tokens and perplexity, with and without repack",
           "[cli][kquants]") {
   const std::string path = TestModelPath("kquants/stories-wide.q3_k_m.gguf");
   if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("kquants/ not found");
   const nlohmann::json ref = testing::LoadReference("kquants/stories-wide.q3_k_m.llama-cpp.json");
   const nlohmann::json& prompt = ref["prompts"][3];
   REQUIRE(prompt["prompt"] == "One day, a little");
-  const nlohmann::json j =
-      JsonOf(Run("generate --no-repack -m " + path + " -p '" + prompt["prompt"].get<std::string>() +
-                 "' -n 48 --temp 0 --ignore-eos --threads 2 --json"));
-  CHECK(j["tokens"] == prompt["greedy_ids"]);
-  const nlohmann::json ppl =
-      JsonOf(Run("perplexity --no-repack -m " + path + " -f " +
-                 TestModelPath("stories260K.ppl-sample.txt") + " --ctx 128 --json"));
-  CHECK(std::abs(ppl["ppl"].get<double>() / 2.8318 - 1) < 1e-4);  // the kit's README
+  for (const std::string flag : {"", "--no-repack "}) {
+    INFO("flags: " << flag);
+    const nlohmann::json j = JsonOf(Run("generate " + flag + "-m " + path + " -p '" +
+                                        prompt["prompt"].get<std::string>() +
+                                        "' -n 48 --temp 0 --ignore-eos --threads 2 --json"));
+    CHECK(j["tokens"] == prompt["greedy_ids"]);
+    const nlohmann::json ppl =
+        JsonOf(Run("perplexity " + flag + "-m " + path + " -f " +
+                   TestModelPath("stories260K.ppl-sample.txt") + " --ctx 128 --json"));
+    CHECK(std::abs(ppl["ppl"].get<double>() / 2.8318 - 1) < 1e-4);  // the kit's README
+  }
 }
 
 TEST_CASE("perplexity --json prints ppl", "[cli]") {
