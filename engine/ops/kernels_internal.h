@@ -31,7 +31,7 @@ enum class KMins { kNone, kLanes8, kLanes4, kSum };
 // GgmlSuperAcc does it in vectors): Add takes one block's 8 integer lanes L[m] (elements
 // 4m .. 4m + 3 of every 32, times their sub-block's scale), the mins' products P[m] (the mins of
 // 16-element sub-blocks 2m and 2m + 1 times their bsums) and d = d_x·d, dmin = -d_x·dmin; Sum is
-// hsum_float_8 of the lanes plus the mins as `mins` says. Shared by the scalar references of the
+// hsum_float_8 of the lanes plus the mins as `kind` says. Shared by the scalar references of the
 // file's rows (kernels_scalar_quants.cc, which defines it) and of the row groups
 // (kquant_groups_scalar.cc), so both give llama.cpp's bits.
 struct GgmlSuperFloats {

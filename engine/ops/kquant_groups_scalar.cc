@@ -51,7 +51,7 @@ float KGroupRowDot(int64_t nsb, const uint8_t* group, int i, const BlockQ8_K* x)
         }
         lanes[c] += lo * sc[(2 * j) * kRows + i] + hi * sc[(2 * j + 1) * kRows + i];
       }
-      // Sub-block 2j + s (of 32) has the mins of 16-element sub-blocks 4j + 2s and 4j + 2s + 1.
+      // Sub-block 2j + s of 32: its min times the activations' sums of its two halves of 16.
       for (int s = 0; s < 2; ++s) {
         pairs[2 * j + s] = m[(j * kRows + i) * 2 + s] *
                            (x[sb].bsums[4 * j + 2 * s] + x[sb].bsums[4 * j + 2 * s + 1]);
