@@ -2,6 +2,7 @@
 // output checked against the independent reference), tokenizer endpoints, health, metrics and
 // the access log.
 #include <ctime>
+#include <filesystem>
 
 #include "daemon_fixture.h"
 #include "model_fixtures.h"
@@ -205,6 +206,36 @@ TEST_CASE("seeded sampling is reproducible", "[server][api]") {
   bool differs = false;
   for (int64_t seed : {1, 2, 3}) differs |= sample(seed) != a;
   CHECK(differs);
+}
+
+// A llama.cpp K-quant file served as the engine re-lays it (the default) and as the file stores
+// it ([[models]] repack = false): both complete a prompt with llama.cpp's greedy tokens
+// (../shared/models/kquants/; docs/types.md, "Against llama.cpp").
+TEST_CASE("a K-quant model completes as llama.cpp does, with and without repack",
+          "[server][api][kquants]") {
+  REQUIRE_STORIES_MODEL();
+  const std::string path = TestModelPath("kquants/stories-wide.q3_k_m.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("kquants/ test models not found");
+  DaemonProcess d("[[models]]\npath = \"" + path + "\"\nname = \"q3km\"\n\n[[models]]\npath = \"" +
+                  path + "\"\nname = \"q3km-rows\"\nrepack = false\n");
+  const json ref = LoadReference("kquants/stories-wide.q3_k_m.llama-cpp.json");
+  const json& p = ref["prompts"][3];  // where one integer sum per row and block parted at 13
+  std::vector<int32_t> ids = p["prompt_ids"];
+  for (int32_t id : p["greedy_ids"]) ids.push_back(id);
+  HttpResponse r =
+      Http(d.port(), "POST", "/detokenize", json{{"model", "q3km"}, {"tokens", ids}}.dump());
+  REQUIRE(r.status == 200);
+  const std::string want = Json(r.body)["content"];
+  for (const char* model : {"q3km", "q3km-rows"}) {
+    INFO(model);
+    const json c = Completion(d.port(), {{"model", model},
+                                         {"prompt", p["prompt"]},
+                                         {"max_tokens", 48},
+                                         {"temperature", 0},
+                                         {"ignore_eos", true}});
+    CHECK(p["prompt"].get<std::string>() + c["choices"][0]["text"].get<std::string>() == want);
+    CHECK(c["usage"]["completion_tokens"] == 48);
+  }
 }
 
 TEST_CASE("tokenize and detokenize round-trip", "[server][api]") {
