@@ -59,6 +59,13 @@ Sidecar AssembleSidecar(const LlamaModel& model, const std::string& model_name,
             st.GateScoreQuantile(q / static_cast<double>(kQuantileLevels - 1)));
       }
     }
+    if (!st.attn_in_hist.empty()) {
+      for (int q = 0; q < kQuantileLevels; ++q) {
+        const double level = q / static_cast<double>(kQuantileLevels - 1);
+        y.attn_in_quantiles.push_back(st.AttnInQuantile(level));
+        y.ffn_in_quantiles.push_back(st.FfnInQuantile(level));
+      }
+    }
     y.magnitude_threshold = st.threshold;
     y.sparsity = Sparsity(st.fire_count, prof.tokens());
     y.skew80 = SkewFraction(st.fire_count, 0.8);
@@ -176,6 +183,10 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
     if (c.gate_first) {
       methods["gate_first"] = {{"sparsity", c.gate_first_sparsity}, {"ppl", c.gate_first_ppl}};
     }
+    if (c.input_sparse) {
+      methods["input_sparse"] = {{"sparsity", c.input_sparse_sparsity},
+                                 {"ppl", c.input_sparse_ppl}};
+    }
     report["calibration"] = {
         {"max_ppl_increase", c.max_ppl_increase}, {"held_out", c.held_out},   {"context", c.n_ctx},
         {"tokens_scored", c.tokens_scored},       {"dense_ppl", c.dense_ppl}, {"methods", methods}};
@@ -189,6 +200,10 @@ nlohmann::json ProfileReportJson(const PipelineResult& r) {
     if (s.gate_first_tokens_per_s > 0) {
       methods["gate_first"] = {{"sparsity", s.gate_first_sparsity},
                                {"tokens_per_s", s.gate_first_tokens_per_s}};
+    }
+    if (s.input_sparse_tokens_per_s > 0) {
+      methods["input_sparse"] = {{"sparsity", s.input_sparse_sparsity},
+                                 {"tokens_per_s", s.input_sparse_tokens_per_s}};
     }
     report["speed_check"] = {{"cpu", s.cpu},
                              {"threads", s.threads},

@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/ops/ggml_types.h"
+#include "engine/sparse/sparse_ffn.h"
 #include "offline/speed_check.h"
 
 namespace thermocline::offline {
@@ -24,22 +27,53 @@ float QuantileAt(const std::vector<float>& quantiles, double q) {
   return static_cast<float>(quantiles[lo] * (1 - f) + quantiles[hi] * f);
 }
 
-// Weight bytes one token reads in layer l's FFN by each method, from the profile: predicted
-// reads gate and up rows of the predicted share and down rows of the share its threshold keeps
-// (predicted_sparsity; < 0: the profile's firing share), plus the predictor; gate-first every
-// gate row and up and down rows of the share its threshold keeps.
-bool GateFirstReadsLess(const SidecarLayer& s, const LayerWeights& L, double predicted_sparsity,
-                        double gate_first_sparsity) {
-  const double g = static_cast<double>(L.ffn_gate.row_bytes) * L.ffn_gate.rows;
-  const double u = static_cast<double>(L.ffn_up.row_bytes) * L.ffn_up.rows;
-  const double d = static_cast<double>(L.ffn_down.row_bytes) * L.ffn_down.rows;
+double Bytes(const WeightView& w) { return static_cast<double>(w.row_bytes) * w.rows; }
+// Bytes of w's transposed copy, which an input-sparse layer reads (InputSparseTType's type).
+double TransposedBytes(const WeightView& w) {
+  return static_cast<double>(RowBytes(InputSparseTType(w), w.rows)) * w.cols;
+}
+
+// The sparsity each method's thresholds sit at.
+struct AutoLevels {
+  double predicted = -1;  // < 0: the profile's firing share
+  double gate_first = 0;
+  double input_sparse = 0;
+};
+
+// The method by which one token reads the fewest weight bytes of layer l's q/k/v and FFN, from
+// the profile: predicted reads all of q/k/v, gate and up rows of the predicted share and down
+// rows of the share its threshold keeps, plus the predictor; gate-first all of q/k/v, every gate
+// row and up and down rows of the share its threshold keeps; input-sparse the share its
+// thresholds keep of the columns of all six, in their transposed copies' types (a K-quant's or
+// Q4_0's copy is Q8_0: more bytes per column than the model's rows). Ties keep the earlier of
+// predicted, gate-first, input-sparse.
+MethodChoice FewestBytesMethod(const SidecarLayer& s, const LayerWeights& L,
+                               const AutoLevels& levels, bool gate_first, bool input_sparse) {
+  const double g = Bytes(L.ffn_gate), u = Bytes(L.ffn_up), d = Bytes(L.ffn_down);
+  const double qkv = Bytes(L.wq) + Bytes(L.wk) + Bytes(L.wv);
   const Predictor& pr = s.predictor;
   const double predictor = pr.rank > 0 ? 2.0 * pr.rank * (pr.n_embd + pr.n_ff) : 0.0;  // F16
   const double active = pr.rank > 0 ? s.predicted_active : 1.0;
-  const double dropped = predicted_sparsity >= 0 ? predicted_sparsity : s.sparsity;
-  const double predicted = active * (g + u) + (1.0 - dropped) * d + predictor;
-  const double gate_first = g + (1.0 - gate_first_sparsity) * (u + d);
-  return gate_first < predicted;
+  const double dropped = levels.predicted >= 0 ? levels.predicted : s.sparsity;
+  MethodChoice best = MethodChoice::kPredicted;
+  double best_bytes = qkv + active * (g + u) + (1.0 - dropped) * d + predictor;
+  auto consider = [&](MethodChoice method, double bytes) {
+    if (bytes < best_bytes) {
+      best = method;
+      best_bytes = bytes;
+    }
+  };
+  if (gate_first) {
+    consider(MethodChoice::kGateFirst, qkv + g + (1.0 - levels.gate_first) * (u + d));
+  }
+  if (input_sparse) {
+    double all = 0;
+    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+      all += TransposedBytes(*w);
+    }
+    consider(MethodChoice::kInputSparse, (1.0 - levels.input_sparse) * all);
+  }
+  return best;
 }
 
 }  // namespace
@@ -48,8 +82,9 @@ absl::StatusOr<MethodChoice> ParseSparseMethod(const std::string& text, const st
   if (text == "auto") return MethodChoice::kAuto;
   if (text == "predicted") return MethodChoice::kPredicted;
   if (text == "gate-first") return MethodChoice::kGateFirst;
+  if (text == "input-sparse") return MethodChoice::kInputSparse;
   return absl::InvalidArgumentError(
-      absl::StrCat(what, " ", text, ": use auto, predicted or gate-first"));
+      absl::StrCat(what, " ", text, ": use auto, predicted, gate-first or input-sparse"));
 }
 
 const char* MethodChoiceName(MethodChoice method) {
@@ -60,6 +95,8 @@ const char* MethodChoiceName(MethodChoice method) {
       return "predicted";
     case MethodChoice::kGateFirst:
       return "gate-first";
+    case MethodChoice::kInputSparse:
+      return "input-sparse";
   }
   return "?";
 }
@@ -69,24 +106,37 @@ bool HasGateFirstStatistics(const SidecarLayer& layer, int64_t n_ff) {
          static_cast<int64_t>(layer.gate_scale.size()) == n_ff;
 }
 
+bool HasInputSparseStatistics(const SidecarLayer& layer) {
+  const size_t n = static_cast<size_t>(kQuantileLevels);
+  return layer.attn_in_quantiles.size() == n && layer.ffn_in_quantiles.size() == n &&
+         layer.act_abs_quantiles.size() == n;
+}
+
 std::vector<MethodChoice> SidecarMethods(const Sidecar& sidecar, const LlamaModel& model) {
   const LlamaHparams& h = model.hparams();
   std::vector<MethodChoice> methods = {MethodChoice::kPredicted};
-  const bool gate_first =
-      !GateDecides(h.activation) && !h.is_moe() &&
-      std::all_of(sidecar.layers.begin(), sidecar.layers.end(),
-                  [&](const SidecarLayer& l) { return HasGateFirstStatistics(l, h.n_ff); });
-  if (gate_first) methods.push_back(MethodChoice::kGateFirst);
+  if (GateDecides(h.activation) || h.is_moe() || sidecar.layers.empty()) return methods;
+  auto every_layer = [&](auto has) {
+    return std::all_of(sidecar.layers.begin(), sidecar.layers.end(), has);
+  };
+  if (every_layer([&](const SidecarLayer& l) { return HasGateFirstStatistics(l, h.n_ff); })) {
+    methods.push_back(MethodChoice::kGateFirst);
+  }
+  if (every_layer([](const SidecarLayer& l) { return HasInputSparseStatistics(l); })) {
+    methods.push_back(MethodChoice::kInputSparse);
+  }
   return methods;
 }
 
 double SidecarLevel(const Sidecar& sidecar, double target_sparsity, MethodChoice method) {
   const SidecarCalibration& c = sidecar.calibration;
   if (target_sparsity > 0) return target_sparsity;
+  const double profiled = sidecar.target_sparsity > 0 ? sidecar.target_sparsity : 0.5;
   if (method == MethodChoice::kGateFirst) {
-    return c.present && c.gate_first     ? c.gate_first_sparsity
-           : sidecar.target_sparsity > 0 ? sidecar.target_sparsity
-                                         : 0.5;
+    return c.present && c.gate_first ? c.gate_first_sparsity : profiled;
+  }
+  if (method == MethodChoice::kInputSparse) {
+    return c.present && c.input_sparse ? c.input_sparse_sparsity : profiled;
   }
   return c.present ? c.predicted_sparsity : sidecar.target_sparsity;
 }
@@ -96,28 +146,37 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
   if (absl::Status s = CheckSidecarMatches(sidecar, model); !s.ok()) return s;
   const LlamaHparams& h = model.hparams();
   const bool gated_by_magnitude = !GateDecides(h.activation) && !h.is_moe();
-  if (method == MethodChoice::kGateFirst && !gated_by_magnitude) {
+  if ((method == MethodChoice::kGateFirst || method == MethodChoice::kInputSparse) &&
+      !gated_by_magnitude) {
     return absl::InvalidArgumentError(
-        absl::StrCat("gate-first is for SwiGLU models; this one's FFN is ",
+        absl::StrCat(MethodChoiceName(method), " is for SwiGLU models; this one's FFN is ",
                      h.is_moe() ? "a mixture of experts" : ActivationName(h.activation),
-                     ", whose gate already decides (use predicted or auto)"));
+                     h.is_moe() ? ", whose router already decides (use predicted or auto)"
+                                : ", whose gate already decides (use predicted or auto)"));
   }
   // Thresholds at the asked sparsity; else at the one calibrated for a perplexity target
-  // (SidecarCalibration); else predicted keeps the sidecar's thresholds and gate-first takes
-  // the profile's target sparsity.
+  // (SidecarCalibration); else predicted keeps the sidecar's thresholds and gate-first and
+  // input-sparse take the profile's target sparsity.
   const SidecarCalibration& cal = sidecar.calibration;
-  const double predicted_sparsity = target_sparsity > 0 ? target_sparsity
-                                    : cal.present       ? cal.predicted_sparsity
-                                                        : -1.0;
-  const double gate_first_sparsity =
-      SidecarLevel(sidecar, target_sparsity, MethodChoice::kGateFirst);
-  // auto: the method that decoded fastest in the speed check, when it applies here.
+  AutoLevels levels;
+  levels.predicted = target_sparsity > 0 ? target_sparsity
+                     : cal.present       ? cal.predicted_sparsity
+                                         : -1.0;
+  levels.gate_first = SidecarLevel(sidecar, target_sparsity, MethodChoice::kGateFirst);
+  levels.input_sparse = SidecarLevel(sidecar, target_sparsity, MethodChoice::kInputSparse);
+  // auto: the method that decoded fastest in the speed check, when it applies here (a method
+  // not measured has 0 tokens/s; ties keep the earlier of predicted, gate-first, input-sparse).
   const SidecarSpeed* speed = h.is_moe() ? nullptr : ApplicableSpeed(sidecar, target_sparsity);
-  if (method == MethodChoice::kAuto && gated_by_magnitude && speed != nullptr &&
-      std::max(speed->predicted_tokens_per_s, speed->gate_first_tokens_per_s) > 0) {
-    method = speed->gate_first_tokens_per_s > speed->predicted_tokens_per_s
-                 ? MethodChoice::kGateFirst
-                 : MethodChoice::kPredicted;
+  if (method == MethodChoice::kAuto && gated_by_magnitude && speed != nullptr) {
+    double fastest = 0;
+    for (auto [m, tps] : {std::pair{MethodChoice::kPredicted, speed->predicted_tokens_per_s},
+                          {MethodChoice::kGateFirst, speed->gate_first_tokens_per_s},
+                          {MethodChoice::kInputSparse, speed->input_sparse_tokens_per_s}}) {
+      if (tps > fastest) {
+        fastest = tps;
+        method = m;
+      }
+    }
   }
   SparsePlan result;
   result.source = SparsePlan::Source::kSidecar;
@@ -148,8 +207,8 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
     if (static_cast<int64_t>(s.fire_count.size()) == model.hparams().n_ff) {
       p.fire_count = s.fire_count;  // lays the rows out hottest first
     }
-    if (predicted_sparsity >= 0 && model.hparams().activation == FfnActivation::kSilu) {
-      p.magnitude_threshold = QuantileAt(s.act_abs_quantiles, predicted_sparsity);
+    if (levels.predicted >= 0 && model.hparams().activation == FfnActivation::kSilu) {
+      p.magnitude_threshold = QuantileAt(s.act_abs_quantiles, levels.predicted);
     }
     const bool has_gate = HasGateFirstStatistics(s, h.n_ff);
     if (method == MethodChoice::kGateFirst && !has_gate) {
@@ -158,24 +217,45 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
                        " has no gate-first calibration (gate_scale, gate_score_quantiles): the "
                        "sidecar predates it; profile the model again (thermocline profile)"));
     }
-    const bool gate_first =
-        gated_by_magnitude && has_gate &&
-        (method == MethodChoice::kGateFirst ||
-         (method == MethodChoice::kAuto &&
-          GateFirstReadsLess(s, model.layers()[l], predicted_sparsity, gate_first_sparsity)));
-    if (gate_first) {  // no predictor: the gate decides, nothing else drops
-      p.method = SparseMethod::kGateFirst;
-      p.gate_threshold = QuantileAt(s.gate_score_quantiles, gate_first_sparsity);
-      p.gate_scale = s.gate_scale;
-      p.magnitude_threshold = 0;
-      p.rank = 0;
+    const bool has_input = HasInputSparseStatistics(s);
+    if (method == MethodChoice::kInputSparse && !has_input) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer ", l,
+          " has no input-sparse calibration (attn_in_quantiles, ffn_in_quantiles): the sidecar "
+          "predates it; profile the model again (thermocline profile)"));
+    }
+    MethodChoice layer_method = method;
+    if (method == MethodChoice::kAuto) {
+      // Input-sparse only where the speed check measured it fastest (above): a column of
+      // its transposed copies costs more per byte than the row dots of the others (docs/
+      // sparse.md), so its fewer bytes alone do not make it faster.
+      layer_method = gated_by_magnitude ? FewestBytesMethod(s, model.layers()[l], levels, has_gate,
+                                                            /*input_sparse=*/false)
+                                        : MethodChoice::kPredicted;
+    }
+    if (layer_method == MethodChoice::kGateFirst || layer_method == MethodChoice::kInputSparse) {
+      p.rank = 0;  // no predictor: the gate, or the inputs' magnitudes, decide
       p.fc1 = {};
       p.fc2 = {};
       p.b1.clear();
       p.b2.clear();
     }
+    if (layer_method == MethodChoice::kGateFirst) {  // nothing else drops
+      p.method = SparseMethod::kGateFirst;
+      p.gate_threshold = QuantileAt(s.gate_score_quantiles, levels.gate_first);
+      p.gate_scale = s.gate_scale;
+      p.magnitude_threshold = 0;
+    } else if (layer_method == MethodChoice::kInputSparse) {
+      // Each projection's input at the same level of its own distribution.
+      p.method = SparseMethod::kInputSparse;
+      p.attn_in_threshold = QuantileAt(s.attn_in_quantiles, levels.input_sparse);
+      p.ffn_in_threshold = QuantileAt(s.ffn_in_quantiles, levels.input_sparse);
+      p.magnitude_threshold = QuantileAt(s.act_abs_quantiles, levels.input_sparse);
+    }
     result.attention_gpu[l] = s.attention_gpu ? 1 : 0;
-    if (!s.neuron_order.empty()) {
+    // An input-sparse layer has no device part (engine/sparse/sparse_ffn.h): the placement's
+    // neurons stay on the host with the rest.
+    if (!s.neuron_order.empty() && p.method != SparseMethod::kInputSparse) {
       if (s.n_gpu < 0 || s.n_gpu > static_cast<int64_t>(s.neuron_order.size())) {
         return absl::InvalidArgumentError(absl::StrCat("sidecar layer ", l, ": n_gpu ", s.n_gpu));
       }
@@ -187,6 +267,8 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
         plan.begin(), plan.end(), [](auto& p) { return p.method == SparseMethod::kGateFirst; });
     const bool any_predicted = std::any_of(
         plan.begin(), plan.end(), [](auto& p) { return p.method == SparseMethod::kPredicted; });
+    const bool any_input_sparse = std::any_of(
+        plan.begin(), plan.end(), [](auto& p) { return p.method == SparseMethod::kInputSparse; });
     // calibrated_ppl: the perplexity the calibration measured at that level; 0 when no level
     // met the target.
     auto level = [&](const char* name, double s, bool calibrated, double calibrated_ppl) {
@@ -202,32 +284,46 @@ absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const L
     };
     std::vector<std::string> parts;
     if (any_predicted) {
-      parts.push_back(predicted_sparsity >= 0
-                          ? level("predicted", predicted_sparsity, cal.present, cal.predicted_ppl)
+      parts.push_back(levels.predicted >= 0
+                          ? level("predicted", levels.predicted, cal.present, cal.predicted_ppl)
                           : absl::StrFormat("predicted at the profile's thresholds (sparsity %.3f)",
                                             sidecar.target_sparsity));
     }
     if (any_gate_first) {
-      parts.push_back(level("gate-first", gate_first_sparsity, cal.present && cal.gate_first,
+      parts.push_back(level("gate-first", levels.gate_first, cal.present && cal.gate_first,
                             cal.gate_first_ppl));
+    }
+    if (any_input_sparse) {
+      parts.push_back(level("input-sparse", levels.input_sparse, cal.present && cal.input_sparse,
+                            cal.input_sparse_ppl));
     }
     result.thresholds = absl::StrJoin(parts, "; ");
   }
   // The speed check's figures for this plan: one method, at the level it was measured at.
   if (speed != nullptr) {
-    const bool all_gate_first = std::all_of(
-        plan.begin(), plan.end(), [](auto& p) { return p.method == SparseMethod::kGateFirst; });
-    const bool all_predicted = std::all_of(
-        plan.begin(), plan.end(), [](auto& p) { return p.method == SparseMethod::kPredicted; });
-    const double level =
-        SidecarLevel(sidecar, target_sparsity,
-                     all_gate_first ? MethodChoice::kGateFirst : MethodChoice::kPredicted);
-    const double measured_level =
-        all_gate_first ? speed->gate_first_sparsity : speed->predicted_sparsity;
-    const double measured =
-        all_gate_first ? speed->gate_first_tokens_per_s : speed->predicted_tokens_per_s;
-    const bool same_level = !gated_by_magnitude || std::fabs(level - measured_level) < 1e-6;
-    if ((all_gate_first || all_predicted) && same_level && measured > 0) {
+    auto all = [&](SparseMethod m) {
+      return std::all_of(plan.begin(), plan.end(), [m](auto& p) { return p.method == m; });
+    };
+    std::optional<MethodChoice> only;
+    double measured_level = 0, measured = 0;
+    if (all(SparseMethod::kPredicted)) {
+      only = MethodChoice::kPredicted;
+      measured_level = speed->predicted_sparsity;
+      measured = speed->predicted_tokens_per_s;
+    } else if (all(SparseMethod::kGateFirst)) {
+      only = MethodChoice::kGateFirst;
+      measured_level = speed->gate_first_sparsity;
+      measured = speed->gate_first_tokens_per_s;
+    } else if (all(SparseMethod::kInputSparse)) {
+      only = MethodChoice::kInputSparse;
+      measured_level = speed->input_sparse_sparsity;
+      measured = speed->input_sparse_tokens_per_s;
+    }
+    const bool same_level =
+        only.has_value() &&
+        (!gated_by_magnitude ||
+         std::fabs(SidecarLevel(sidecar, target_sparsity, *only) - measured_level) < 1e-6);
+    if (same_level && measured > 0) {
       result.checked_dense_tokens_per_s = speed->dense_tokens_per_s;
       result.checked_tokens_per_s = measured;
       result.speed = DescribeSpeed(*speed);

@@ -139,6 +139,8 @@ absl::StatusOr<SparsityCalibration> CalibrateSparsity(const LlamaModel& model,
       for (SparseLayerPlan& p : plan->layers) {
         p.magnitude_threshold = 0;
         p.gate_threshold = 0;
+        p.attn_in_threshold = 0;
+        p.ffn_in_threshold = 0;
       }
       auto r = trials.Run(*std::move(plan), absl::StrFormat("%s, thresholds 0", name));
       if (!r.ok()) return r.status();
@@ -247,6 +249,10 @@ void ApplyCalibration(const SparsityCalibration& c, bool held_out, Sidecar& side
       s.gate_first = true;
       s.gate_first_sparsity = m.sparsity;
       s.gate_first_ppl = m.ppl;
+    } else if (m.method == MethodChoice::kInputSparse) {
+      s.input_sparse = true;
+      s.input_sparse_sparsity = m.sparsity;
+      s.input_sparse_ppl = m.ppl;
     } else {
       s.predicted_sparsity = m.sparsity;
       s.predicted_ppl = m.ppl;

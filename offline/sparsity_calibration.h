@@ -1,10 +1,10 @@
-// Sparsity for a perplexity target (SwiGLU): per method (predicted, gate-first), the largest
-// target sparsity whose perplexity on a text stays within a relative increase over dense. Each
-// trial builds the engine the sidecar's plan gives at that sparsity (every layer's threshold at
-// its own quantile of the profile, as --target-sparsity sets it at load) and measures it as
-// `perplexity` does, every token through the sparse FFN; a bisection over [0, max_sparsity]
-// keeps the largest level that met the target. The result goes into the sidecar
-// (SidecarCalibration), where loading without --target-sparsity finds it.
+// Sparsity for a perplexity target (SwiGLU): per method (predicted, gate-first, input-sparse),
+// the largest target sparsity whose perplexity on a text stays within a relative increase over
+// dense. Each trial builds the engine the sidecar's plan gives at that sparsity (every layer's
+// thresholds at their own quantiles of the profile, as --target-sparsity sets them at load) and
+// measures it as `perplexity` does, every token through the sparse FFN; a bisection over
+// [0, max_sparsity] keeps the largest level that met the target. The result goes into the
+// sidecar (SidecarCalibration), where loading without --target-sparsity finds it.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,8 @@ struct MethodCalibration {
   double ppl = 0;       // at `sparsity` (0 when none met the target: not measured)
   bool met = false;
   // When no level met the target: the perplexity with every threshold at 0, which the method
-  // loses without dropping anything by magnitude (predicted: the predictors' misses).
+  // loses without dropping anything by magnitude (predicted: the predictors' misses;
+  // input-sparse: its transposed copies' requantization).
   double floor_ppl = 0;
   std::vector<CalibrationTrial> trials;  // in the order tried
 };
@@ -48,8 +49,9 @@ struct SparsityCalibration {
   double max_ppl_increase = 0;
   double dense_ppl = 0;
   int64_t n_ctx = 0;
-  int64_t tokens_scored = 0;               // per trial
-  std::vector<MethodCalibration> methods;  // predicted; gate-first where the profile allows it
+  int64_t tokens_scored = 0;  // per trial
+  // predicted; gate-first and input-sparse where the profile allows them (SidecarMethods)
+  std::vector<MethodCalibration> methods;
 };
 
 // InvalidArgument for a model whose FFN is not gated by magnitude (the ReLU family fires exact

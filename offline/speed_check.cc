@@ -140,6 +140,9 @@ void ApplySpeedCheck(const SpeedCheck& check, Sidecar& sidecar) {
     if (m.method == MethodChoice::kGateFirst) {
       s.gate_first_tokens_per_s = m.tokens_per_s;
       s.gate_first_sparsity = m.sparsity;
+    } else if (m.method == MethodChoice::kInputSparse) {
+      s.input_sparse_tokens_per_s = m.tokens_per_s;
+      s.input_sparse_sparsity = m.sparsity;
     } else {
       s.predicted_tokens_per_s = m.tokens_per_s;
       s.predicted_sparsity = m.sparsity;
@@ -181,6 +184,7 @@ std::string DescribeSpeed(const SidecarSpeed& s) {
   };
   add("predicted", s.predicted_tokens_per_s);
   add("gate-first", s.gate_first_tokens_per_s);
+  add("input-sparse", s.input_sparse_tokens_per_s);
   return absl::StrCat(absl::StrJoin(parts, ", "), " tokens/s on ", s.threads, " threads of ",
                       s.cpu);
 }

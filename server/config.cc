@@ -13,6 +13,7 @@
 #include "engine/runtime/engine.h"
 #include "engine/util/byte_size.h"
 #include "engine/util/thread_pool.h"
+#include "offline/sparse_source.h"
 
 namespace thermocline::server {
 namespace {
@@ -331,10 +332,9 @@ absl::Status FinalizeConfig(ServerConfig* c) {
     if (m.sparse != "off" && m.sparse != "on" && m.sparse != "auto") {
       return KeyError("models.sparse", absl::StrCat("'", m.sparse, "': use off, on or auto"));
     }
-    if (m.sparse_method != "auto" && m.sparse_method != "predicted" &&
-        m.sparse_method != "gate-first") {
-      return KeyError("models.sparse_method",
-                      absl::StrCat("'", m.sparse_method, "': use auto, predicted or gate-first"));
+    // The names the registry parses at load (offline/sparse_source.h), checked here already.
+    if (auto method = offline::ParseSparseMethod(m.sparse_method, "value"); !method.ok()) {
+      return KeyError("models.sparse_method", std::string(method.status().message()));
     }
     if (!(m.target_sparsity >= 0 && m.target_sparsity < 1)) {
       return KeyError("models.target_sparsity", "must be in [0, 1)");

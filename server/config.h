@@ -24,9 +24,10 @@ struct ModelConfig {
   // Sparse with the exact active sets (dense gate/up) instead of the predictors: the quality
   // check of a placement, not for speed.
   bool oracle = false;
-  // How SwiGLU layers skip work: "predicted", "gate-first" or "auto" (per layer, the fewer
-  // bytes by the profile; docs/sparse.md); and the share of activations they drop (0: the
-  // sidecar's calibration).
+  // How SwiGLU layers skip work: "predicted", "gate-first", "input-sparse" or "auto" (the
+  // fastest by the sidecar's speed check on this CPU, else per layer the fewest bytes by the
+  // profile; docs/sparse.md); and the share of activations they drop (0: the sidecar's
+  // calibration).
   std::string sparse_method = "predicted";
   double target_sparsity = 0;
   // The GPU (engine/runtime/engine.h): device memory the model may use ("8G", bytes; "" = no

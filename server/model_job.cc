@@ -232,7 +232,8 @@ absl::StatusOr<ModelJobResult> RunModelJob(const ModelJobSpec& spec, ModelJobObs
                                   {"threads", sp.threads},
                                   {"dense_tokens_per_s", sp.dense_tokens_per_s},
                                   {"predicted_tokens_per_s", sp.predicted_tokens_per_s},
-                                  {"gate_first_tokens_per_s", sp.gate_first_tokens_per_s}}
+                                  {"gate_first_tokens_per_s", sp.gate_first_tokens_per_s},
+                                  {"input_sparse_tokens_per_s", sp.input_sparse_tokens_per_s}}
                  : nlohmann::json(nullptr);
   observer.OnStageDone(kSidecar.name);
   return result;

@@ -78,6 +78,12 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
   const double predicted = st.layer_tokens ? st.predicted / st.layer_tokens / n_ff : 0;
   const double up_rows = st.layer_tokens ? st.up_rows / st.layer_tokens / n_ff : 0;
   const double fired = st.layer_tokens ? st.fired / st.layer_tokens / n_ff : 0;
+  // Input-sparse layers: the shares of q/k/v's and gate/up's input entries kept (columns read)
+  // and of the neurons whose activation passed to down.
+  const double n_embd = model.hparams().n_embd;
+  const double attn_in = st.attn_in_tokens ? st.attn_in_kept / st.attn_in_tokens / n_embd : 0;
+  const double ffn_in = st.ffn_in_tokens ? st.ffn_in_kept / st.ffn_in_tokens / n_embd : 0;
+  const double ffn_in_fired = st.ffn_in_tokens ? st.ffn_in_fired / st.ffn_in_tokens / n_ff : 0;
   const std::string methods = SparseMethodsOf(sparse.plan());
   const double ratio = *sparse_tps / *dense_tps;
   const double dense_bytes = sparse.DenseBytesPerToken(),
@@ -89,15 +95,19 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
   const double ffn_ms = 1e3 * st.total_s * model.hparams().n_layer / layer_tokens;
   // The read floor: one more sparse run, recorded (untimed), and the rows it read read again
   // with nothing computed, the rest of a token's weights streamed between tokens. The token it
-  // bounds: the measured one with its FFN replaced by only those reads.
-  ActiveSetRecorder recorder;
-  sparse.set_active_set_observer(&recorder);
-  const absl::StatusOr<double> recorded = DecodeTokensPerS((*sparse_session)->session(), o);
-  sparse.set_active_set_observer(nullptr);
-  if (!recorded.ok()) return Fail("bench", recorded.status());
-  const double floor_ms =
-      1e3 * ReplaySparseReads(*sparse.weights(), pool, recorder, std::max(1, o.repetitions),
-                              static_cast<size_t>(sparse.NonFfnBytesPerToken()));
+  // bounds: the measured one with its FFN replaced by only those reads. Not for input-sparse
+  // layers, whose reads the recorder does not see (their q/k/v are sparse too).
+  double floor_ms = 0;
+  if (st.ffn_in_tokens == 0) {
+    ActiveSetRecorder recorder;
+    sparse.set_active_set_observer(&recorder);
+    const absl::StatusOr<double> recorded = DecodeTokensPerS((*sparse_session)->session(), o);
+    sparse.set_active_set_observer(nullptr);
+    if (!recorded.ok()) return Fail("bench", recorded.status());
+    floor_ms =
+        1e3 * ReplaySparseReads(*sparse.weights(), pool, recorder, std::max(1, o.repetitions),
+                                static_cast<size_t>(sparse.NonFfnBytesPerToken()));
+  }
   const bool have_floor = floor_ms > 0;
   const double floor_token_ms = 1e3 / *sparse_tps - ffn_ms + floor_ms;
   const double floor_ratio = (1e3 / *dense_tps) / floor_token_ms;
@@ -111,6 +121,9 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
                           {"predicted_active", predicted},
                           {"up_rows", up_rows},
                           {"fired", fired},
+                          {"attn_inputs_kept", attn_in},
+                          {"ffn_inputs_kept", ffn_in},
+                          {"input_sparse_fired", ffn_in_fired},
                           {"predictor_share_of_ffn_time", predictor_share},
                           {"sparse_ffn_ms_per_token", ffn_ms},
                           {"sparse_token_ms", 1e3 / *sparse_tps},
@@ -126,14 +139,26 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
     std::printf(
         "threads %d, %s | decode %lld tokens after %lld: dense %.2f tokens/s, sparse "
         "%.2f tokens/s%s\nratio %.2fx, ideal %.2fx (weight bytes dense %.1f MiB / sparse "
-        "%.1f MiB per token), %.0f%% of ideal\n%s: %.1f%% of gate rows, %.1f%% of up rows, "
-        "%.1f%% of down rows; "
-        "predictors %.0f%% of sparse FFN time; sparse FFN %.2f of %.2f ms per token\n",
+        "%.1f MiB per token), %.0f%% of ideal\n",
         pool.size(), IsaName(BestIsa()), static_cast<long long>(o.gen_tokens),
         static_cast<long long>(o.prompt_tokens), *dense_tps, *sparse_tps,
         sparse.options().oracle ? " (oracle)" : "", ratio, ideal, dense_bytes / 1048576.0,
-        sparse_bytes / 1048576.0, 100 * ratio / ideal, methods.c_str(), 100 * predicted,
-        100 * up_rows, 100 * fired, 100 * predictor_share, ffn_ms, 1e3 / *sparse_tps);
+        sparse_bytes / 1048576.0, 100 * ratio / ideal);
+    if (st.layer_tokens > 0) {
+      std::printf(
+          "%s: %.1f%% of gate rows, %.1f%% of up rows, %.1f%% of down rows; "
+          "predictors %.0f%% of sparse FFN time; sparse FFN %.2f of %.2f ms per token\n",
+          methods.c_str(), 100 * predicted, 100 * up_rows, 100 * fired, 100 * predictor_share,
+          ffn_ms, 1e3 / *sparse_tps);
+    }
+    if (st.ffn_in_tokens > 0) {
+      const double in_ms =
+          1e3 * st.total_s / std::max<double>(1.0, st.ffn_in_tokens) * model.hparams().n_layer;
+      std::printf(
+          "input-sparse: columns of %.1f%% of q/k/v's inputs and %.1f%% of gate/up's, %.1f%% of "
+          "down rows; q/k/v and FFN %.2f of %.2f ms per token\n",
+          100 * attn_in, 100 * ffn_in, 100 * ffn_in_fired, in_ms, 1e3 / *sparse_tps);
+    }
     if (have_floor) {
       std::printf(
           "read floor: the FFN's rows alone %.2f ms per token (its active sets replayed, cold); "
@@ -205,8 +230,8 @@ int RunBench(int argc, char** argv) {
     std::fputs(kGpuLayersUsage, stdout);
     std::puts(
         "  --sparse-method A,B      several methods: each against dense, in turn (default for\n"
-        "                           a SwiGLU sidecar with gate-first statistics: predicted,\n"
-        "                           gate-first)\n"
+        "                           a SwiGLU sidecar: predicted, and gate-first and\n"
+        "                           input-sparse where it has their statistics)\n"
         "  a mixture of experts: decode tokens/s of every expert computed (dense), of the\n"
         "  routed experts on the CPU, and of --sidecar's expert placement under --gpu-memory\n"
         "  (--stand-in: on the CPU stand-in device)\n"
@@ -254,15 +279,16 @@ int RunBench(int argc, char** argv) {
   engine_options.max_batch = std::clamp<int64_t>(o.prompt_tokens, 1, 4096);
   engine_options.repack = !args->Has("--no-repack");
   // --sparse-method A,B,...: each method against dense in turn, the same dense engine. Without
-  // it (and without --json), a SwiGLU model's sidecar that supports gate-first runs both.
+  // it (and without --json), a SwiGLU model's sidecar runs every method it has statistics for.
   std::vector<std::string> methods =
       absl::StrSplit(args->Get("--sparse-method").value_or("predicted"), ',');
   const LlamaHparams& hp = (*model)->hparams();
   if (!args->Get("--sparse-method") && !GateDecides(hp.activation) && !args->Has("--oracle") &&
       !args->Has("--json")) {  // --json: one object, the default method's
-    auto gate_first =
-        SparsePlanFromArgs(args->With("--sparse-method", "gate-first"), **model, false);
-    if (gate_first.ok() && gate_first->has_value()) methods = {"predicted", "gate-first"};
+    for (const char* m : {"gate-first", "input-sparse"}) {
+      auto plan = SparsePlanFromArgs(args->With("--sparse-method", m), **model, false);
+      if (plan.ok() && plan->has_value()) methods.push_back(m);
+    }
   }
   if (methods.size() > 1) {
     auto dense = Engine::Create(**model, std::nullopt, engine_options, pool);

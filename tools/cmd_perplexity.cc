@@ -71,6 +71,13 @@ int RunPerplexity(int argc, char** argv) {
     const SparseFfnStats& s = sparse->stats();
     return s.layer_tokens > 0 ? s.*field / s.layer_tokens / n_ff : 1.0;
   };
+  // Input-sparse layers: the shares of the inputs kept (of n_embd) and of the neurons fired.
+  auto input_share = [&](double SparseFfnStats::*field, int64_t SparseFfnStats::*tokens,
+                         int64_t width) {
+    const SparseFfnStats& s = sparse->stats();
+    return s.*tokens > 0 ? s.*field / s.*tokens / width : 1.0;
+  };
+  const int64_t n_embd = (*model)->hparams().n_embd;
   const bool json = args->Has("--json");
   auto result =
       ComputePerplexity((*session)->session(), text.str(), *ctx, [&](int64_t c, double ppl) {
@@ -84,9 +91,19 @@ int RunPerplexity(int argc, char** argv) {
     nlohmann::json out = {{"ppl", result->ppl},         {"chunks", result->chunk_ppl},
                           {"ctx", result->n_ctx},       {"tokens_scored", result->tokens_scored},
                           {"seconds", result->seconds}, {"sparse", sparse != nullptr}};
-    if (sparse != nullptr) {
+    if (sparse != nullptr && sparse->stats().ffn_in_tokens > 0) {
+      out["attn_inputs_kept"] =
+          input_share(&SparseFfnStats::attn_in_kept, &SparseFfnStats::attn_in_tokens, n_embd);
+      out["ffn_inputs_kept"] =
+          input_share(&SparseFfnStats::ffn_in_kept, &SparseFfnStats::ffn_in_tokens, n_embd);
+      out["input_sparse_fired"] =
+          input_share(&SparseFfnStats::ffn_in_fired, &SparseFfnStats::ffn_in_tokens, n_ff);
+    }
+    if (sparse != nullptr && sparse->stats().layer_tokens > 0) {
       out["predicted_active"] = active(&SparseFfnStats::predicted);
       out["fired"] = active(&SparseFfnStats::fired);
+    }
+    if (sparse != nullptr) {
       out["thresholds"] = (*engine)->sparse_plan()->thresholds;
     }
     std::cout << out.dump(2) << "\n";
@@ -94,9 +111,19 @@ int RunPerplexity(int argc, char** argv) {
     std::printf("\nppl = %.4f (%lld tokens scored, ctx %lld, %.2f s)\n", result->ppl,
                 static_cast<long long>(result->tokens_scored),
                 static_cast<long long>(result->n_ctx), result->seconds);
-    if (sparse != nullptr) {
+    if (sparse != nullptr && sparse->stats().layer_tokens > 0) {
       std::printf("sparse FFN: %.1f%% of neurons predicted active, %.1f%% fired\n",
                   100 * active(&SparseFfnStats::predicted), 100 * active(&SparseFfnStats::fired));
+    }
+    if (sparse != nullptr && sparse->stats().ffn_in_tokens > 0) {
+      std::printf(
+          "input-sparse: %.1f%% of q/k/v's inputs kept, %.1f%% of gate/up's, %.1f%% of neurons "
+          "fired\n",
+          100 * input_share(&SparseFfnStats::attn_in_kept, &SparseFfnStats::attn_in_tokens, n_embd),
+          100 * input_share(&SparseFfnStats::ffn_in_kept, &SparseFfnStats::ffn_in_tokens, n_embd),
+          100 * input_share(&SparseFfnStats::ffn_in_fired, &SparseFfnStats::ffn_in_tokens, n_ff));
+    }
+    if (sparse != nullptr) {
       if (const SparsePlan* plan = (*engine)->sparse_plan(); !plan->thresholds.empty()) {
         std::printf("thresholds: %s\n", plan->thresholds.c_str());
       }

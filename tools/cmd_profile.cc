@@ -34,9 +34,10 @@ constexpr char kUsage[] =
   --epochs N                training epochs per rank tried (default 12)
   --chunk N                 tokens per profiled sequence (default 256, capped at the context)
   --target-sparsity S       SwiGLU: fraction of |activation| counted as not firing (default 0.5)
-  --target-ppl-increase F   SwiGLU: also find, per method (predicted, gate-first), the largest
-                            sparsity whose perplexity is at most F above dense (0.02 = +2%);
-                            the sidecar keeps it and loading without --target-sparsity uses it
+  --target-ppl-increase F   SwiGLU: also find, per method (predicted, gate-first,
+                            input-sparse), the largest sparsity whose perplexity is at most F
+                            above dense (0.02 = +2%); the sidecar keeps it and loading without
+                            --target-sparsity uses it
   --calibration-text FILE   text for that (default: the corpus after the part profiled, or the
                             whole corpus when too little is left; without a corpus, text the
                             model samples)
@@ -61,16 +62,18 @@ void PrintCalibration(const offline::SparsityCalibration& c, bool held_out) {
   for (const offline::MethodCalibration& m : c.methods) {
     const char* name = offline::MethodChoiceName(m.method);
     if (m.met) {
-      std::printf("  %-10s sparsity %.3f: ppl %.4f (%+.2f%%)\n", name, m.sparsity, m.ppl,
+      std::printf("  %-12s sparsity %.3f: ppl %.4f (%+.2f%%)\n", name, m.sparsity, m.ppl,
                   100 * (m.ppl / c.dense_ppl - 1));
     } else {
       std::printf(
-          "  %-10s no level tried met the target (lowest: %.3f, ppl %.4f); with every "
+          "  %-12s no level tried met the target (lowest: %.3f, ppl %.4f); with every "
           "threshold at 0, ppl %.4f (%+.2f%%)%s: its thresholds are at sparsity 0\n",
           name, m.trials.back().sparsity, m.trials.back().ppl, m.floor_ppl,
           100 * (m.floor_ppl / c.dense_ppl - 1),
           m.method == offline::MethodChoice::kPredicted
               ? ", the predictors' misses (a higher --recall or more --tokens lowers it)"
+          : m.method == offline::MethodChoice::kInputSparse
+              ? ", what its transposed copies' requantization costs"
               : "");
     }
   }
@@ -266,7 +269,8 @@ int RunProfile(int argc, char** argv) {
       100 * t["predictor_fraction_of_model"].get<double>(), out.c_str());
   if (calibrated) PrintCalibration(*calibrated, result->sidecar.calibration.held_out);
   if (const offline::SidecarSpeed& sp = result->sidecar.speed; sp.present) {
-    const double best = std::max(sp.predicted_tokens_per_s, sp.gate_first_tokens_per_s);
+    const double best = std::max(
+        {sp.predicted_tokens_per_s, sp.gate_first_tokens_per_s, sp.input_sparse_tokens_per_s});
     std::printf("speed check: %s\n%s\n", offline::DescribeSpeed(sp).c_str(),
                 best >= sp.dense_tokens_per_s
                     ? "  sparse pays here: served sparse"

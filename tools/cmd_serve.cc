@@ -30,7 +30,7 @@ constexpr char kUsage[] = R"(usage: thermocline serve [options]
                            speed check measured sparse slower on this machine)
   --sidecar FILE           the sidecar of the (single) --model (thermocline profile makes one)
   --oracle                 sparse with exact active sets (dense gate/up) instead of predictors
-  --sparse-method M        SwiGLU layers: predicted (default) | gate-first | auto
+  --sparse-method M        SwiGLU layers: predicted (default) | gate-first | input-sparse | auto
                            ([[models]] sparse_method)
   --target-sparsity F      SwiGLU: the share of activations dropped (default: the sidecar's,
                            calibrated for its perplexity target if it has one;

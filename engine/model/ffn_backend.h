@@ -17,6 +17,18 @@ class FfnBackend {
   // Called from the session's thread; the backend may use its own threads. Must not allocate.
   virtual void Forward(int layer, const float* x, const float* xn, int64_t n_tokens,
                        float* out) = 0;
+  // Whether Forward computes `layer` for a batch of n_tokens; false: the session computes that
+  // FFN dense over its own matrices (an input-sparse layer's exact prefill).
+  virtual bool TakesFfn(int layer, int64_t n_tokens) const { return true; }
+
+  // Attention's input projections of `layer`, when the backend computes them (an input-sparse
+  // layer skips the columns of dropped entries of q/k/v's input too): q, k, v: (n_tokens,
+  // q_dim / kv_dim / v_dim) from xn: (n_tokens, n_embd) after attn_norm, before biases; true.
+  // false: the session computes them dense. Must not allocate.
+  virtual bool ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* q, float* k,
+                          float* v) {
+    return false;
+  }
 
   // The host's part of a hybrid layer whose device already predicted the active neurons and
   // computes its own part: out: (n_embd) = the FFN over `active` (n_active neuron ids in the

@@ -187,10 +187,14 @@ void Session::CpuLayer(int l, int64_t n) {
   for (int64_t t = 0; t < n; ++t) {
     RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
   }
+  if (observer_ != nullptr) observer_->OnAttentionInput(l, xb_.data(), d, n);
   const DenseViews& W = dense_[l];
-  const WeightView* qkv[] = {W.wq, W.wk, W.wv};
-  float* const qkv_out[] = {q_.data(), k_.data(), v_.data()};
-  MatMulSameInput(*pool_, qkv, xb_.data(), n, qkv_out, scratch_);
+  if (ffn_backend_ == nullptr ||
+      !ffn_backend_->ProjectQkv(l, xb_.data(), n, q_.data(), k_.data(), v_.data())) {
+    const WeightView* qkv[] = {W.wq, W.wk, W.wv};
+    float* const qkv_out[] = {q_.data(), k_.data(), v_.data()};
+    MatMulSameInput(*pool_, qkv, xb_.data(), n, qkv_out, scratch_);
+  }
   if (!L.bq.empty()) AddBias(q_.data(), n, h.q_dim(), L.bq.data());
   if (!L.bk.empty()) AddBias(k_.data(), n, h.kv_dim(), L.bk.data());
   if (!L.bv.empty()) AddBias(v_.data(), n, h.v_dim(), L.bv.data());
@@ -207,7 +211,8 @@ void Session::CpuLayer(int l, int64_t n) {
   for (int64_t t = 0; t < n; ++t) {
     RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, h.rms_eps, xb_.data() + t * d);
   }
-  if (ffn_backend_ != nullptr) {
+  if (observer_ != nullptr) observer_->OnFfnInput(l, xb_.data(), d, n);
+  if (ffn_backend_ != nullptr && ffn_backend_->TakesFfn(l, n)) {
     ffn_backend_->Forward(l, x_.data(), xb_.data(), n, ffn_out_.data());
   } else {
     DenseFfn(l, x_.data(), xb_.data(), n, ffn_out_.data());

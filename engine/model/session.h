@@ -36,6 +36,11 @@ class FfnObserver {
   // (what a gate-first layer's score and threshold are calibrated on).
   virtual void OnGate(int layer, const float* gate, const float* up, int64_t n_ff,
                       int64_t n_tokens) {}
+  // The inputs of the projections after their norms, (n_tokens, n_embd) each: attention's (of
+  // q/k/v, after attn_norm) and the FFN's (of gate/up, after ffn_norm). What an input-sparse
+  // layer's thresholds are calibrated on.
+  virtual void OnAttentionInput(int layer, const float* xn, int64_t n_embd, int64_t n_tokens) {}
+  virtual void OnFfnInput(int layer, const float* xn, int64_t n_embd, int64_t n_tokens) {}
 };
 
 // The element type of the KV cache. kF16: half the memory, and attention computes as ggml's F16

@@ -74,6 +74,13 @@ GgmlType DownTType(const WeightView& down) {
 
 absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
                                             const int32_t* order) {
+  // The table's down_t type: the same for float, Q8_0 and Q4_0 weights, Q8_0 for the others
+  // (type_table.cc says why); F32 when its blocks do not divide the rows.
+  return TransposeWeightAs(pool, down, DownTType(down), order);
+}
+
+absl::StatusOr<OwnedWeight> TransposeWeightAs(ThreadPool& pool, const WeightView& down,
+                                              GgmlType type, const int32_t* order) {
   const WeightTypeRow* row = FindWeightType(down.type);
   if (row == nullptr) {
     return absl::UnimplementedError(
@@ -81,10 +88,11 @@ absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& 
   }
   const TypeKernels* src = KernelsFor(down.type);
   const int64_t rows = down.rows, cols = down.cols;  // down: (n_embd, n_ff)
-  // The table's down_t type: the same for float, Q8_0 and Q4_0 weights, Q8_0 for the others
-  // (type_table.cc says why); F32 when its blocks do not divide the rows.
-  const GgmlType type = DownTType(down);
   const TypeKernels* dst = KernelsFor(type);
+  if (dst == nullptr || FindWeightType(type) == nullptr || rows % TypeInfo(type).block_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot transpose ", rows, " rows into ", TypeName(type), " rows"));
+  }
   std::vector<int32_t> row_of(cols);  // source column → its row of down_t
   for (int64_t k = 0; k < cols; ++k) {
     row_of[order != nullptr ? order[k] : k] = static_cast<int32_t>(k);

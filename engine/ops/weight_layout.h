@@ -45,6 +45,10 @@ GgmlType DownTType(const WeightView& down);
 // of down.cols entries), row k of down_t is column order[k] of down.
 absl::StatusOr<OwnedWeight> TransposeWeight(ThreadPool& pool, const WeightView& down,
                                             const int32_t* order = nullptr);
+// The same into rows of `type` (a type with kernels whose block size divides down.rows;
+// InvalidArgument otherwise).
+absl::StatusOr<OwnedWeight> TransposeWeightAs(ThreadPool& pool, const WeightView& down,
+                                              GgmlType type, const int32_t* order = nullptr);
 // Row k of the result is row order[k] of w, k < n: a copy, on huge pages.
 OwnedWeight GatherRows(ThreadPool& pool, const WeightView& w, const int32_t* order, int64_t n);
 // w's rows as they are (kRows), copied onto huge pages, parallel over the pool: what the dense

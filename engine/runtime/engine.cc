@@ -81,8 +81,12 @@ PackScope Engine::DenseCpuScope() const {
   PackScope scope;
   scope.attention.assign(n_layer, 1);
   // The sparse FFN and the placed experts have their own copies, and with dense_prefill read
-  // the file's FFN rows for prompts: their layers' FFN stays as the file has it.
+  // the file's FFN rows for prompts: their layers' FFN stays as the file has it. An
+  // input-sparse layer's prompts are the session's dense FFN: re-laid like a dense layer's.
   scope.ffn.assign(n_layer, weights_ == nullptr && experts_ == nullptr ? 1 : 0);
+  for (int64_t l = 0; weights_ != nullptr && l < n_layer; ++l) {
+    if (weights_->input_sparse(static_cast<int>(l))) scope.ffn[l] = 1;
+  }
   scope.output = true;
   if (use_device_) {
     // Device layers upload the file's rows for every session (and a session that finds the

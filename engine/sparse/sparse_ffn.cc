@@ -31,6 +31,50 @@ int64_t KeepWhere(int32_t* idx, float* value, int64_t n, Keep keep) {
 }
 }  // namespace
 
+GgmlType InputSparseTType(const WeightView& w) {
+  const GgmlType type = DownTType(w);
+  if (type == GgmlType::kQ4_0 && w.rows % TypeInfo(GgmlType::kQ8_0).block_size == 0) {
+    return GgmlType::kQ8_0;
+  }
+  return type;
+}
+
+namespace {
+// An input-sparse layer's copies (SparseWeights::Layer): every projection but o transposed, in
+// the model's neuron order, no device part; gate and up view the model's matrices.
+absl::StatusOr<SparseWeights::Layer> BuildInputSparseLayer(const LayerWeights& L,
+                                                           const LlamaHparams& h,
+                                                           ThreadPool& pool) {
+  SparseWeights::Layer y;
+  y.neuron_of.resize(h.n_ff);
+  for (int32_t i = 0; i < h.n_ff; ++i) y.neuron_of[i] = i;
+  y.gate = L.ffn_gate;
+  y.up = L.ffn_up;
+  struct Copy {
+    const WeightView* from;
+    OwnedWeight* to;
+  };
+  for (const Copy& c :
+       {Copy{&L.wq, &y.q_t}, Copy{&L.wk, &y.k_t}, Copy{&L.wv, &y.v_t}, Copy{&L.ffn_gate, &y.gate_t},
+        Copy{&L.ffn_up, &y.up_t}, Copy{&L.ffn_down, &y.down_t}}) {
+    // Q4_0 requantized along the other axis adds about as much error as its own quantization,
+    // and here every projection would carry it; Q8_0 adds next to nothing, at twice the bytes
+    // (docs/sparse.md).
+    absl::StatusOr<OwnedWeight> t = TransposeWeightAs(pool, *c.from, InputSparseTType(*c.from));
+    if (!t.ok()) return t.status();
+    *c.to = *std::move(t);
+  }
+  return y;
+}
+
+// Bounds of part `part` of `parts` over [0, n), on multiples of 32 columns (a block of every
+// quantized type a transposed copy has) but for the last.
+int64_t SliceBound(int64_t n, int part, int parts) {
+  if (part >= parts) return n;
+  return std::min(n, n * part / parts / 32 * 32);
+}
+}  // namespace
+
 // One executor's buffers: its part of the active set and its partial output.
 struct SparseFfn::Executor {
   ThreadPool* pool = nullptr;
@@ -69,9 +113,10 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
          static_cast<int64_t>(p.b2.size()) != h.n_ff)) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": predictor shapes"));
     }
-    if (p.method == SparseMethod::kGateFirst && (GateDecides(h.activation) || p.rank > 0)) {
+    if (p.method != SparseMethod::kPredicted && (GateDecides(h.activation) || p.rank > 0)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("layer ", l, ": gate-first is for SwiGLU/GeGLU layers without a predictor (",
+          absl::StrCat("layer ", l, ": ", SparseMethodName(p.method),
+                       " is for SwiGLU/GeGLU layers without a predictor (",
                        ActivationName(h.activation), ", rank ", p.rank, ")"));
     }
     for (int32_t i : p.device_neurons) {
@@ -92,6 +137,12 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
   for (size_t l = 0; l < w->plan_.size(); ++l) {
     const SparseLayerPlan& p = w->plan_[l];
     const LayerWeights& L = model.layers()[l];
+    if (p.method == SparseMethod::kInputSparse) {
+      absl::StatusOr<Layer> y = BuildInputSparseLayer(L, h, pool);
+      if (!y.ok()) return y.status();
+      w->layers_.push_back(*std::move(y));
+      continue;
+    }
     Layer y;
     // The placement's device neurons first, then the rest; hottest first within each; ties (and
     // a plan without a profile) keep the model's order. The device part is then the slots
@@ -160,6 +211,9 @@ uint64_t SparseWeights::bytes() const {
   for (const Layer& y : layers_) {
     total += y.gate_rows.data.size() + y.up_rows.data.size() + y.down_t.data.size() +
              y.fc2_t.data.size();
+    for (const OwnedWeight* t : {&y.q_t, &y.k_t, &y.v_t, &y.gate_t, &y.up_t}) {
+      total += t->data.size();
+    }
   }
   return total;
 }
@@ -298,7 +352,11 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
   for (const auto* plans : {&all_chunks_, &host_chunks_}) {
     for (const ChunkBounds& b : *plans) max_chunks = std::max(max_chunks, b.size() - 1);
   }
+  // The fused path's chunks, or an input-sparse layer's per-thread partial sums.
+  max_chunks = std::max<size_t>(max_chunks, pool_->size());
   chunk_out_.assign(max_chunks * h.n_embd, 0.0f);
+  in_idx_.resize(h.n_embd);
+  in_val_.resize(h.n_embd);
   ResetStats();
 }
 
@@ -358,8 +416,105 @@ void SparseFfn::ResetStats() {
   stats_.layer_calls.assign(n, 0);
 }
 
+bool SparseFfn::TakesFfn(int layer, int64_t n_tokens) const {
+  return !(weights_->input_sparse(layer) && n_tokens > 1 && options_.dense_prefill);
+}
+
+int64_t SparseFfn::KeepInputs(const float* x, int64_t n, float threshold) {
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::fabs(x[i]) > threshold && x[i] != 0.0f) {
+      in_idx_[m] = static_cast<int32_t>(i);
+      in_val_[m++] = x[i];
+    }
+  }
+  return m;
+}
+
+bool SparseFfn::ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* q, float* k,
+                           float* v) {
+  if (!weights_->input_sparse(layer) || !TakesFfn(layer, n_tokens)) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  const LlamaHparams& h = model_.hparams();
+  const SparseWeights::Layer& y = weights_->layer(layer);
+  const float threshold = plan()[layer].attn_in_threshold;
+  struct Part {
+    const WeightView* w_t;
+    float* out;
+    int64_t cols;
+  };
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t m = KeepInputs(xn + t * h.n_embd, h.n_embd, threshold);
+    const Part parts[] = {{&y.q_t.view, q + t * h.q_dim(), h.q_dim()},
+                          {&y.k_t.view, k + t * h.kv_dim(), h.kv_dim()},
+                          {&y.v_t.view, v + t * h.v_dim(), h.v_dim()}};
+    // Each thread a slice of the columns of all three: no partial sums to add.
+    const int n_threads = pool_->size();
+    pool_->Run([&](int thread) {
+      for (const Part& p : parts) {
+        const int64_t c0 = SliceBound(p.cols, thread, n_threads);
+        const int64_t c1 = SliceBound(p.cols, thread + 1, n_threads);
+        if (c1 <= c0) continue;
+        std::fill(p.out + c0, p.out + c1, 0.0f);
+        SparseAxpyRows(isa_, *p.w_t, c0, c1 - c0, in_idx_.data(), in_val_.data(), m, p.out + c0);
+      }
+    });
+    stats_.attn_in_tokens += 1;
+    stats_.attn_in_kept += static_cast<double>(m);
+  }
+  stats_.total_s += Seconds(t0, std::chrono::steady_clock::now());
+  return true;
+}
+
+void SparseFfn::ForwardTokenInputSparse(int layer, const float* xn, float* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const LlamaHparams& h = model_.hparams();
+  const SparseWeights::Layer& y = weights_->layer(layer);
+  const SparseLayerPlan& p = plan()[layer];
+  const int64_t m = KeepInputs(xn, h.n_embd, p.ffn_in_threshold);
+  const int n_threads = pool_->size();
+  pool_->Run([&](int thread) {
+    Lane& lane = lanes_[thread];
+    const int64_t s0 = SliceBound(h.n_ff, thread, n_threads);
+    const int64_t w = SliceBound(h.n_ff, thread + 1, n_threads) - s0;
+    float* part = chunk_out_.data() + thread * h.n_embd;
+    std::fill_n(part, h.n_embd, 0.0f);
+    lane.fired = 0;
+    if (w <= 0) return;
+    float* g = lane.gate.data();
+    float* u = lane.up.data();
+    std::fill_n(g, w, 0.0f);
+    std::fill_n(u, w, 0.0f);
+    SparseAxpyRows(isa_, y.gate_t.view, s0, w, in_idx_.data(), in_val_.data(), m, g);
+    SparseAxpyRows(isa_, y.up_t.view, s0, w, in_idx_.data(), in_val_.data(), m, u);
+    GatedActivation(h.activation, g, u, w);
+    // Below the magnitude threshold: dropped before down reads their rows.
+    int32_t* idx = lane.idx.data();
+    int64_t n = 0;
+    for (int64_t j = 0; j < w; ++j) {
+      if (std::fabs(g[j]) > p.magnitude_threshold && g[j] != 0.0f) {
+        idx[n] = static_cast<int32_t>(s0 + j);
+        g[n++] = g[j];
+      }
+    }
+    SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, g, n, part);
+    lane.fired = n;
+  });
+  // In thread order: the same bits run to run.
+  std::copy_n(chunk_out_.data(), h.n_embd, out);
+  for (int t = 1; t < n_threads; ++t) {
+    const float* part = chunk_out_.data() + t * h.n_embd;
+    for (int64_t i = 0; i < h.n_embd; ++i) out[i] += part[i];
+  }
+  stats_.ffn_in_tokens += 1;
+  stats_.ffn_in_kept += static_cast<double>(m);
+  for (int t = 0; t < n_threads; ++t) stats_.ffn_in_fired += static_cast<double>(lanes_[t].fired);
+  stats_.total_s += Seconds(t0, std::chrono::steady_clock::now());
+}
+
 void SparseFfn::Forward(int layer, const float* x, const float* xn, int64_t n_tokens, float* out) {
-  if (n_tokens > 1 && options_.dense_prefill && n_tokens <= options_.max_batch) {
+  if (n_tokens > 1 && options_.dense_prefill && n_tokens <= options_.max_batch &&
+      !weights_->input_sparse(layer)) {
     Prefill(layer, xn, n_tokens, out);
     return;
   }
@@ -377,6 +532,10 @@ void SparseFfn::Prefill(int layer, const float* xn, int64_t n, float* out) {
 }
 
 void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
+  if (weights_->input_sparse(layer)) {
+    ForwardTokenInputSparse(layer, xn, out);
+    return;
+  }
   if (options_.oracle) {
     ForwardTokenOracle(layer, xn, out, /*host_only=*/false);
     return;
@@ -632,8 +791,24 @@ double SparseFfn::SparseBytesPerToken() const {
   double bytes = NonFfnBytesPerToken();
   const double predicted_per_layer = stats_.predicted / std::max<int64_t>(1, stats_.layer_tokens);
   const double fired_per_layer = stats_.fired / std::max<int64_t>(1, stats_.layer_tokens);
+  // Input-sparse layers: rows of the transposed copies for the entries kept, in place of the
+  // whole q/k/v that NonFfnBytesPerToken counts.
+  const double attn_kept = stats_.attn_in_kept / std::max<int64_t>(1, stats_.attn_in_tokens);
+  const double ffn_kept = stats_.ffn_in_kept / std::max<int64_t>(1, stats_.ffn_in_tokens);
+  const double ffn_fired = stats_.ffn_in_fired / std::max<int64_t>(1, stats_.ffn_in_tokens);
   for (size_t l = 0; l < plan().size(); ++l) {
     const LayerWeights& L = model_.layers()[l];
+    const SparseWeights::Layer& y = weights_->layer(static_cast<int>(l));
+    if (weights_->input_sparse(static_cast<int>(l))) {
+      for (const WeightView* w : {&L.wq, &L.wk, &L.wv}) {
+        bytes -= static_cast<double>(w->row_bytes) * w->rows;
+      }
+      bytes += attn_kept * static_cast<double>(y.q_t.view.row_bytes + y.k_t.view.row_bytes +
+                                               y.v_t.view.row_bytes) +
+               ffn_kept * static_cast<double>(y.gate_t.view.row_bytes + y.up_t.view.row_bytes) +
+               ffn_fired * static_cast<double>(y.down_t.view.row_bytes);
+      continue;
+    }
     // Up rows are read for the neurons whose gate passed (counted on the host's fused path);
     // else for the predicted ones, or (ReLU family) those whose gate fired.
     const double up_rows = stats_.up_rows > 0

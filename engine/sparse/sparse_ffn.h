@@ -37,6 +37,12 @@ namespace thermocline {
 // and up rows of a neuron are interleaved when they share a type. The copies replace the
 // model's FFN: prefill reads them too (SparseFfn::Forward), and the file's pages of gate, up and
 // down are released once copied (GgufFile::ReleasePages), so a sparse model holds its FFN once.
+// An input-sparse layer (SparseMethod::kInputSparse) instead holds transposed copies of q, k, v,
+// gate, up and down beside the model's matrices, which its prefill reads.
+// The type of an input-sparse layer's transposed copy of w: DownTType's, but Q8_0 for Q4_0
+// (Q4_0 requantized along the other axis in every projection costs too much quality).
+GgmlType InputSparseTType(const WeightView& w);
+
 class SparseWeights {
  public:
   struct Layer {
@@ -48,6 +54,12 @@ class SparseWeights {
     std::vector<float> b2;           // (n_ff) slot order
     std::vector<float> gate_scale;   // (n_ff) slot order, gate-first layers (empty: none)
     int64_t n_device = 0;            // the placement's device part: slots [0, n_device)
+    // Input-sparse layers: the projections' columns as rows, for the axpy form of a
+    // column-sparse mat-vec (TransposeWeight's types): q, k, v (n_embd, q_dim / kv_dim /
+    // v_dim), gate and up (n_embd, n_ff). Such a layer keeps the model's order (slot s is
+    // neuron s), has no device part and no gate/up row copies (gate and up view the model's
+    // matrices): its prefill is the session's dense FFN, and its file pages stay mapped.
+    OwnedWeight q_t, k_t, v_t, gate_t, up_t;
   };
 
   // Checks the plan against the model and builds every layer's copies over `pool`.
@@ -59,6 +71,8 @@ class SparseWeights {
   const Layer& layer(int l) const { return layers_[l]; }
   // Bytes of RAM the copies take.
   uint64_t bytes() const;
+  // Whether layer l is input-sparse.
+  bool input_sparse(int l) const { return plan_[l].method == SparseMethod::kInputSparse; }
   // Bytes of the model file's mapped FFN pages released after the copies were made: RAM the
   // model no longer holds while nothing else reads them.
   uint64_t released_file_bytes() const { return released_file_bytes_; }
@@ -98,6 +112,11 @@ struct SparseFfnStats {
   double fired = 0;          // Σ neurons with a nonzero activation after thresholds
   double predictor_s = 0;    // time in predictors
   double total_s = 0;        // time in Forward
+  // Input-sparse layers (not counted above): (token, layer) pairs of q/k/v and of the FFN
+  // computed column-sparse, Σ the input entries kept for each (of n_embd), and Σ the neurons
+  // whose activation passed to down.
+  int64_t attn_in_tokens = 0, ffn_in_tokens = 0;
+  double attn_in_kept = 0, ffn_in_kept = 0, ffn_in_fired = 0;
   // Per layer, with a device part: seconds of the host's part and seconds waiting for the
   // device's (Wait) after the host's was done; and the (token) calls they add up.
   std::vector<double> layer_host_s, layer_wait_s;
@@ -139,6 +158,11 @@ class SparseFfn : public FfnBackend {
   // exact set themselves and ignore the list.
   absl::Status ForwardListed(int layer, const float* xn, const int32_t* active, int64_t n_active,
                              float* out) override;
+  // Input-sparse layers: a prefill batch (with options.dense_prefill) is left to the session's
+  // dense FFN; decode (and every token without dense_prefill) is column-sparse here, q/k/v too.
+  bool TakesFfn(int layer, int64_t n_tokens) const override;
+  bool ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* q, float* k,
+                  float* v) override;
   // Not owned; nullptr (the default) to stop. Costs a copy of each chunk's slots while set.
   void set_active_set_observer(ActiveSetObserver* observer) { observer_ = observer; }
 
@@ -184,6 +208,12 @@ class SparseFfn : public FfnBackend {
   // part).
   std::vector<ChunkBounds> PlanChunks(bool after_device_part) const;
   void ForwardToken(int layer, const float* xn, float* out);
+  // An input-sparse layer's FFN of one token: the entries of xn with |x_i| > ffn_in_threshold
+  // select rows of gate_t and up_t, the pool's threads each taking a slice of the neurons
+  // (columns) through gate, up, the activation and their down_t rows into their own sums.
+  void ForwardTokenInputSparse(int layer, const float* xn, float* out);
+  // The entries of x: (n) with |x_i| > threshold into in_idx_, in_val_; returns how many.
+  int64_t KeepInputs(const float* x, int64_t n, float threshold);
   // options.dense_prefill: n tokens (<= max_batch), every neuron, over the copies.
   void Prefill(int layer, const float* xn, int64_t n, float* out);
   // The oracle: dense gate/up, the exact active set split between the host and the device
@@ -239,6 +269,8 @@ class SparseFfn : public FfnBackend {
   std::vector<float> device_out_;                 // (n_embd) the device part's partial sum
   std::vector<float> dense_gate_, dense_up_;      // (n_ff), oracle
   std::vector<float> prefill_gate_, prefill_up_;  // (max_batch, n_ff) with dense_prefill
+  std::vector<int32_t> in_idx_;                   // (n_embd) input-sparse: entries kept
+  std::vector<float> in_val_;                     // (n_embd) and their values
   AxpyTokensScratch prefill_axpy_;
   MatMulScratch matmul_scratch_;
   SparseFfnStats stats_;

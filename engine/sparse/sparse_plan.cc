@@ -24,6 +24,8 @@ const char* SparseMethodName(SparseMethod method) {
       return "predicted";
     case SparseMethod::kGateFirst:
       return "gate-first";
+    case SparseMethod::kInputSparse:
+      return "input-sparse";
   }
   return "?";
 }

@@ -23,8 +23,15 @@ namespace thermocline {
 //     neuron's mean |up| in the profile, so that the score ranks neurons as |act| does on
 //     average). For SwiGLU, whose activations are never exactly zero and which a predictor
 //     marks nearly all active: at sparsity s the FFN reads (1 + 2(1 - s)) / 3 of its bytes.
-enum class SparseMethod { kPredicted, kGateFirst };
-const char* SparseMethodName(SparseMethod method);  // "predicted", "gate-first"
+//   kInputSparse (TEAL-style): no predictor; the inputs of the projections are thresholded by
+//     magnitude, and only the weight columns of the entries kept are read, over transposed
+//     copies (a column of W is a row of Wᵀ: the axpy form). q/k/v read the columns of the
+//     entries of the normed attention input with |x_i| > attn_in_threshold, gate and up those
+//     of the normed FFN input with |x_i| > ffn_in_threshold, down those of the activation with
+//     |act_i| > magnitude_threshold. Attention's projections skip work too.
+enum class SparseMethod { kPredicted, kGateFirst, kInputSparse };
+// "predicted", "gate-first", "input-sparse".
+const char* SparseMethodName(SparseMethod method);
 struct SparseLayerPlan;
 // The methods of a plan's layers: "gate-first", or with several their layer counts
 // ("gate-first 20, predicted 2"). A mixture of experts' layers count as predicted.
@@ -41,6 +48,8 @@ struct SparseLayerPlan {
   float threshold = 0.0f;               // predicted active iff logit > threshold
   float magnitude_threshold = 0;        // fired iff |act| > this
   float gate_threshold = 0;             // kGateFirst: up and down iff the score > this
+  float attn_in_threshold = 0;          // kInputSparse: q/k/v columns of |x_i| > this
+  float ffn_in_threshold = 0;           // kInputSparse: gate/up columns of |x_i| > this
   std::vector<float> gate_scale;        // kGateFirst: (n_ff) the score's per-neuron scale
   std::vector<int32_t> device_neurons;  // the placement's device part (empty: all host)
   std::vector<int32_t> fire_count;      // (n_ff) firings in the profile (empty: none)

@@ -33,6 +33,8 @@ float HistQuantile(const std::vector<uint64_t>& hist, double q) {
 
 float LayerStats::AbsQuantile(double q) const { return HistQuantile(abs_hist, q); }
 float LayerStats::GateScoreQuantile(double q) const { return HistQuantile(gate_hist, q); }
+float LayerStats::AttnInQuantile(double q) const { return HistQuantile(attn_in_hist, q); }
+float LayerStats::FfnInQuantile(double q) const { return HistQuantile(ffn_in_hist, q); }
 
 double Sparsity(const std::vector<uint64_t>& fire_count, int64_t tokens) {
   if (tokens <= 0 || fire_count.empty()) return 0.0;
@@ -72,6 +74,8 @@ ActivationProfiler::ActivationProfiler(const LlamaHparams& hparams, const Profil
     if (magnitude_) {
       s.gate_hist.assign(kAbsHistBins, 0);
       s.up_abs_sum.assign(n_ff_, 0.0);
+      s.attn_in_hist.assign(kAbsHistBins, 0);
+      s.ffn_in_hist.assign(kAbsHistBins, 0);
     }
     s.calibrated = !magnitude_;
   }
@@ -170,6 +174,20 @@ void ActivationProfiler::OnGate(int layer, const float* gate, const float* up, i
       s.gate_hist[AbsHistBin(g / (1.0f + std::exp(-g)) * s.gate_scale[i])]++;
     }
   }
+}
+
+// Every token, as OnFfn fills abs_hist: the calibration tokens too.
+void ActivationProfiler::OnAttentionInput(int layer, const float* xn, int64_t n_embd,
+                                          int64_t n_tokens) {
+  if (!magnitude_) return;
+  std::vector<uint64_t>& hist = layers_[layer].attn_in_hist;
+  for (int64_t i = 0; i < n_tokens * n_embd; ++i) hist[AbsHistBin(xn[i])]++;
+}
+
+void ActivationProfiler::OnFfnInput(int layer, const float* xn, int64_t n_embd, int64_t n_tokens) {
+  if (!magnitude_) return;
+  std::vector<uint64_t>& hist = layers_[layer].ffn_in_hist;
+  for (int64_t i = 0; i < n_tokens * n_embd; ++i) hist[AbsHistBin(xn[i])]++;
 }
 
 void ActivationProfiler::OnRouting(int layer, const int32_t* selected, int64_t k,

@@ -7,7 +7,9 @@
 // a histogram of |act| per layer, from which the threshold for `target_sparsity` is taken;
 // counting and sampling start after them. SwiGLU tokens also calibrate gate-first layers
 // (engine/sparse/sparse_plan.h): a per-neuron scale from the same first tokens, then a
-// histogram of the score |silu(gate)| · scale.
+// histogram of the score |silu(gate)| · scale. And they calibrate input-sparse layers: per layer
+// a histogram of |x| over every element of the normed inputs of attention's q/k/v and of the
+// FFN's gate/up, of the same tokens as the |act| histogram.
 //
 // In a mixture-of-experts model it counts instead, per layer and expert, the tokens the router
 // sends to the expert (OnRouting): the routing frequency the placement solver places experts
@@ -54,14 +56,21 @@ struct LayerStats {
   int64_t up_tokens = 0;
   std::vector<float> gate_scale;    // (n_ff) once calibrated; empty before
   std::vector<uint64_t> gate_hist;  // (kAbsHistBins)
-  uint64_t fired_total = 0;         // sum of fire_count
-  float threshold = 0.0f;           // fired iff |act| > threshold
+  // SwiGLU only: an input-sparse layer's calibration, |x| of every element of the normed
+  // attention input (after attn_norm) and FFN input (after ffn_norm) of every observed token.
+  std::vector<uint64_t> attn_in_hist;  // (kAbsHistBins)
+  std::vector<uint64_t> ffn_in_hist;   // (kAbsHistBins)
+  uint64_t fired_total = 0;            // sum of fire_count
+  float threshold = 0.0f;              // fired iff |act| > threshold
   bool calibrated = false;
 
   // The |act| value below or at which a fraction q of all observed activations lie.
   float AbsQuantile(double q) const;
   // The same of the gate-first score (0 when none was observed).
   float GateScoreQuantile(double q) const;
+  // The same of |x| entering q/k/v and entering gate/up (0 when none was observed).
+  float AttnInQuantile(double q) const;
+  float FfnInQuantile(double q) const;
 };
 
 // 1 - fired / (tokens * n): the mean fraction of neurons NOT firing per token.
@@ -78,6 +87,9 @@ class ActivationProfiler final : public FfnObserver {
   void OnRouting(int layer, const int32_t* selected, int64_t k, int64_t n_tokens) override;
   void OnGate(int layer, const float* gate, const float* up, int64_t n_ff,
               int64_t n_tokens) override;
+  // xn: (n_tokens, n_embd). SwiGLU only: into attn_in_hist and ffn_in_hist.
+  void OnAttentionInput(int layer, const float* xn, int64_t n_embd, int64_t n_tokens) override;
+  void OnFfnInput(int layer, const float* xn, int64_t n_embd, int64_t n_tokens) override;
 
   int64_t n_layer() const { return n_layer_; }
   int64_t n_embd() const { return n_embd_; }

@@ -60,7 +60,7 @@ std::string_view NextStory(std::string_view text, size_t& pos) {
   return story;
 }
 
-// Forwards each FFN call to the profiler and then to a second observer.
+// Forwards each observer call to the profiler and then to a second observer.
 class TeeObserver final : public FfnObserver {
  public:
   TeeObserver(FfnObserver* first, FfnObserver* second) : first_(first), second_(second) {}
@@ -77,6 +77,14 @@ class TeeObserver final : public FfnObserver {
               int64_t n_tokens) override {
     first_->OnGate(layer, gate, up, n_ff, n_tokens);
     if (second_ != nullptr) second_->OnGate(layer, gate, up, n_ff, n_tokens);
+  }
+  void OnAttentionInput(int layer, const float* xn, int64_t n_embd, int64_t n_tokens) override {
+    first_->OnAttentionInput(layer, xn, n_embd, n_tokens);
+    if (second_ != nullptr) second_->OnAttentionInput(layer, xn, n_embd, n_tokens);
+  }
+  void OnFfnInput(int layer, const float* xn, int64_t n_embd, int64_t n_tokens) override {
+    first_->OnFfnInput(layer, xn, n_embd, n_tokens);
+    if (second_ != nullptr) second_->OnFfnInput(layer, xn, n_embd, n_tokens);
   }
 
  private:

@@ -33,9 +33,15 @@ struct SidecarLayer {
   // quantiles of the score over all neurons give the threshold for any target sparsity.
   std::vector<float> gate_scale;            // (n_ff)
   std::vector<float> gate_score_quantiles;  // (kQuantileLevels)
-  float magnitude_threshold = 0.0f;         // fired iff |act| > this (0 for ReLU family)
-  double sparsity = 0;                      // mean fraction of neurons not firing per token
-  double skew80 = 0;                        // fraction of neurons carrying 80% of firings
+  // SwiGLU (empty otherwise, and in sidecars written before them): an input-sparse layer's
+  // calibration, the quantiles of |x| over every element of the normed inputs of attention's
+  // q/k/v (after attn_norm) and of the FFN's gate/up (after ffn_norm); with act_abs_quantiles
+  // (down's input) they give its three thresholds for any target sparsity.
+  std::vector<float> attn_in_quantiles;  // (kQuantileLevels)
+  std::vector<float> ffn_in_quantiles;   // (kQuantileLevels)
+  float magnitude_threshold = 0.0f;      // fired iff |act| > this (0 for ReLU family)
+  double sparsity = 0;                   // mean fraction of neurons not firing per token
+  double skew80 = 0;                     // fraction of neurons carrying 80% of firings
   // Predictor (rank 0: none).
   Predictor predictor;
   double recall = 0;
@@ -79,10 +85,12 @@ struct SidecarCalibration {
   double dense_ppl = 0;
   // Per method: the largest target sparsity tried whose perplexity met the target (0 when none
   // did; then the smallest threshold) and that perplexity (0: not measured). gate_first_* only
-  // when the profile has gate-first statistics.
+  // when the profile has gate-first statistics, input_sparse_* when it has input-sparse's.
   double predicted_sparsity = 0, predicted_ppl = 0;
   bool gate_first = false;
   double gate_first_sparsity = 0, gate_first_ppl = 0;
+  bool input_sparse = false;
+  double input_sparse_sparsity = 0, input_sparse_ppl = 0;
 };
 
 // Decode speed of the sidecar's sparse plans against dense, measured on the machine that
@@ -93,9 +101,11 @@ struct SidecarSpeed {
   int64_t threads = 0;
   double dense_tokens_per_s = 0;
   // Per method at the sparsity it was measured at (the level a load without --target-sparsity
-  // uses); tokens_per_s 0: not measured (no predictors, or no gate-first statistics).
+  // uses); tokens_per_s 0: not measured (no predictors, or no gate-first or input-sparse
+  // statistics).
   double predicted_tokens_per_s = 0, predicted_sparsity = 0;
   double gate_first_tokens_per_s = 0, gate_first_sparsity = 0;
+  double input_sparse_tokens_per_s = 0, input_sparse_sparsity = 0;
 };
 
 struct Sidecar {

@@ -171,6 +171,11 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
                    static_cast<float>(c.gate_first_sparsity));
       w.SetFloat32(Key("calibration.gate_first.ppl"), static_cast<float>(c.gate_first_ppl));
     }
+    if (c.input_sparse) {
+      w.SetFloat32(Key("calibration.input_sparse.sparsity"),
+                   static_cast<float>(c.input_sparse_sparsity));
+      w.SetFloat32(Key("calibration.input_sparse.ppl"), static_cast<float>(c.input_sparse_ppl));
+    }
   }
   const SidecarSpeed& sp = s.speed;
   if (sp.present) {
@@ -183,6 +188,9 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
     w.SetFloat32(Key("speed.gate_first.tokens_per_s"),
                  static_cast<float>(sp.gate_first_tokens_per_s));
     w.SetFloat32(Key("speed.gate_first.sparsity"), static_cast<float>(sp.gate_first_sparsity));
+    w.SetFloat32(Key("speed.input_sparse.tokens_per_s"),
+                 static_cast<float>(sp.input_sparse_tokens_per_s));
+    w.SetFloat32(Key("speed.input_sparse.sparsity"), static_cast<float>(sp.input_sparse_sparsity));
   }
   const int64_t d = s.n_embd, f = s.n_ff;
   for (int64_t l = 0; l < s.n_layer; ++l) {
@@ -220,6 +228,15 @@ absl::Status WriteSidecar(const Sidecar& s, const std::string& path) {
             w.AddTensorCopy(TensorName(l, "gate_score_quantiles"), GgmlType::kF32,
                             {kQuantileLevels}, Bytes(L.gate_score_quantiles))}) {
         if (!st.ok()) return st;
+      }
+    }
+    for (auto [what, quantiles] : {std::pair{"attn_in_quantiles", &L.attn_in_quantiles},
+                                   {"ffn_in_quantiles", &L.ffn_in_quantiles}}) {
+      if (quantiles->empty()) continue;
+      if (absl::Status st = w.AddTensorCopy(TensorName(l, what), GgmlType::kF32, {kQuantileLevels},
+                                            Bytes(*quantiles));
+          !st.ok()) {
+        return st;
       }
     }
     if (pr.rank > 0) {
@@ -378,19 +395,24 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
     c.n_ctx = *ctx;
     c.tokens_scored = *scored;
     c.gate_first = f.Find(Key("calibration.gate_first.sparsity")) != nullptr;
+    c.input_sparse = f.Find(Key("calibration.input_sparse.sparsity")) != nullptr;
     for (auto [dst, k] : {std::pair{&c.max_ppl_increase, "calibration.max_ppl_increase"},
                           {&c.dense_ppl, "calibration.dense_ppl"},
                           {&c.predicted_sparsity, "calibration.predicted.sparsity"},
                           {&c.predicted_ppl, "calibration.predicted.ppl"},
                           {&c.gate_first_sparsity, "calibration.gate_first.sparsity"},
-                          {&c.gate_first_ppl, "calibration.gate_first.ppl"}}) {
+                          {&c.gate_first_ppl, "calibration.gate_first.ppl"},
+                          {&c.input_sparse_sparsity, "calibration.input_sparse.sparsity"},
+                          {&c.input_sparse_ppl, "calibration.input_sparse.ppl"}}) {
       if (!c.gate_first && absl::StrContains(k, "gate_first")) continue;
+      if (!c.input_sparse && absl::StrContains(k, "input_sparse")) continue;
       auto v = flt(k);
       if (!v.ok()) return Corrupt(path, v.status().message());
       *dst = *v;
     }
     if (!(c.max_ppl_increase > 0) || !(c.predicted_sparsity >= 0 && c.predicted_sparsity < 1) ||
-        !(c.gate_first_sparsity >= 0 && c.gate_first_sparsity < 1)) {
+        !(c.gate_first_sparsity >= 0 && c.gate_first_sparsity < 1) ||
+        !(c.input_sparse_sparsity >= 0 && c.input_sparse_sparsity < 1)) {
       return Corrupt(path, "calibration keys are out of range");
     }
   }
@@ -411,10 +433,19 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
       if (!v.ok()) return Corrupt(path, v.status().message());
       *dst = *v;
     }
+    // Optional: sidecars measured before input-sparse have none (not measured).
+    if (f.Find(Key("speed.input_sparse.tokens_per_s")) != nullptr) {
+      auto tps = flt("speed.input_sparse.tokens_per_s");
+      auto level = flt("speed.input_sparse.sparsity");
+      if (!tps.ok() || !level.ok()) return Corrupt(path, "speed.input_sparse keys");
+      sp.input_sparse_tokens_per_s = *tps;
+      sp.input_sparse_sparsity = *level;
+    }
     if (!(sp.dense_tokens_per_s > 0) || !(sp.predicted_tokens_per_s >= 0) ||
         !(sp.gate_first_tokens_per_s >= 0) || !(sp.predicted_sparsity >= 0) ||
         !(sp.predicted_sparsity < 1) || !(sp.gate_first_sparsity >= 0) ||
-        !(sp.gate_first_sparsity < 1)) {
+        !(sp.gate_first_sparsity < 1) || !(sp.input_sparse_tokens_per_s >= 0) ||
+        !(sp.input_sparse_sparsity >= 0) || !(sp.input_sparse_sparsity < 1)) {
       return Corrupt(path, "speed keys are out of range");
     }
   }
@@ -454,6 +485,13 @@ absl::StatusOr<Sidecar> ReadSidecar(const std::string& path) {
       if (st.ok())
         st = ReadTensor(f, TensorName(l, "gate_scale"), GgmlType::kF32, {nf}, &y.gate_scale,
                         &unused_ints);
+    }
+    for (auto [what, quantiles] : {std::pair{"attn_in_quantiles", &y.attn_in_quantiles},
+                                   {"ffn_in_quantiles", &y.ffn_in_quantiles}}) {
+      if (st.ok() && f.FindTensor(TensorName(l, what)) != nullptr) {
+        st = ReadTensor(f, TensorName(l, what), GgmlType::kF32, {kQuantileLevels}, quantiles,
+                        &unused_ints);
+      }
     }
     if (st.ok() && pr.rank > 0) {
       pr.n_embd = d;

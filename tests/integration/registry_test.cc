@@ -165,12 +165,14 @@ TEST_CASE("registry.speed_check: a registered model is served sparse only where 
   REQUIRE(speed.present);
   CHECK(speed.dense_tokens_per_s > 0);
   CHECK(speed.predicted_tokens_per_s > 0);
-  CHECK(speed.gate_first_tokens_per_s == 0);  // ReLU: no gate-first
+  CHECK(speed.gate_first_tokens_per_s == 0);    // ReLU: no gate-first
+  CHECK(speed.input_sparse_tokens_per_s == 0);  // nor input-sparse
   CHECK(d.Log().find("job 'relu': speed check: dense") != std::string::npos);
   const nlohmann::json& reported = last["report"]["speed_check"];
   CHECK(reported["cpu"] == speed.cpu);
   CHECK(reported["dense_tokens_per_s"].get<double>() == Approx(speed.dense_tokens_per_s));
   CHECK(reported["predicted_tokens_per_s"].get<double>() == Approx(speed.predicted_tokens_per_s));
+  CHECK(reported["input_sparse_tokens_per_s"].get<double>() == 0);
   // Served as the measurement says, and said why when dense.
   const bool pays = speed.predicted_tokens_per_s >= speed.dense_tokens_per_s;
   CHECK(!GreedyText(d.port(), "relu", "Once upon a time").empty());  // loads it
@@ -216,6 +218,8 @@ TEST_CASE("registry.target_ppl_increase: a SwiGLU model's job calibrates its spa
   CHECK(c.gate_first_sparsity > 0);
   CHECK(c.gate_first_ppl <= c.dense_ppl * 1.03 * (1 + 1e-6));
   CHECK(d.Log().find("job 's': gate-first at sparsity") != std::string::npos);
+  REQUIRE(c.input_sparse);
+  CHECK(d.Log().find("job 's': input-sparse at sparsity") != std::string::npos);
   // Served at the calibrated level: a completion works and the text is the model's.
   CHECK(!GreedyText(d.port(), "s", "Once upon a time").empty());
 

@@ -304,6 +304,19 @@ target_sparsity = 0.4
     const std::string key = std::string(line).substr(0, std::string(line).find(' '));
     CHECK(std::string(s.message()).find("models." + key) != std::string::npos);
   }
+  // Every method's name is taken; a wrong one is told them all.
+  for (const char* method : {"auto", "predicted", "gate-first", "input-sparse"}) {
+    std::ofstream(path) << "[[models]]\npath = \"m\"\nsparse_method = \"" << method << "\"\n";
+    ServerConfig m;
+    REQUIRE(LoadConfigFile(path, &m).ok());
+    INFO(method);
+    CHECK(FinalizeConfig(&m).ok());
+  }
+  std::ofstream(path) << "[[models]]\npath = \"m\"\nsparse_method = \"sideways\"\n";
+  ServerConfig sideways;
+  REQUIRE(LoadConfigFile(path, &sideways).ok());
+  CHECK(std::string(FinalizeConfig(&sideways).message())
+            .find("use auto, predicted, gate-first or input-sparse") != std::string::npos);
   CHECK(ParseModelFlag("/a/b.gguf=name").name == "name");
   CHECK(ParseModelFlag("/a/b.gguf").path == "/a/b.gguf");
 }

@@ -14,6 +14,7 @@
 #include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
 #include "engine/ops/type_table.h"
+#include "engine/sparse/sparse_ffn.h"
 #include "engine/util/thread_pool.h"
 #include "quant_test_util.h"
 
@@ -294,6 +295,65 @@ TEST_CASE("down_t is down's columns in the given order, byte for byte", "[sparse
       }
     }
   }
+}
+
+// An input-sparse layer's column-sparse mat-vec: a projection w (out, in) transposed into
+// InputSparseTType's rows, then the columns of the kept inputs summed over column slices of
+// 32 (as SparseFfn's threads take them), against the scalar axpy over the same copy and
+// against w restricted to the kept inputs (the copy's requantization: at most half a Q8_0
+// step, amax / 254, per weight).
+void CheckColumnSparse(GgmlType type, int64_t n_out, int64_t n_in, ThreadPool& pool) {
+  const OwnedWeight w = RandomWeight(type, n_out, n_in, 9);
+  const GgmlType t_type = InputSparseTType(w.view);
+  REQUIRE(t_type == (type == GgmlType::kQ4_0 ? GgmlType::kQ8_0 : DownTType(type, n_out)));
+  absl::StatusOr<OwnedWeight> wt = TransposeWeightAs(pool, w.view, t_type);
+  REQUIRE(wt.ok());
+  REQUIRE(wt->view.rows == n_in);
+  REQUIRE(wt->view.cols == n_out);
+  const std::vector<float> wf = Dequantized(w.view), tf = Dequantized(wt->view);
+  // Float types transpose exactly; the others are requantized to Q8_0 along the other axis.
+  const bool lossless =
+      t_type == GgmlType::kF32 || t_type == GgmlType::kF16 || t_type == GgmlType::kBF16;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (Isa isa : AvailableIsas()) {
+    for (const std::vector<int32_t>& idx : ActiveSets(n_in, 29)) {
+      std::vector<float> x(idx.size());
+      for (float& v : x) v = dist(rng);
+      std::vector<float> out(n_out + 1, -1.0f), ref(n_out);
+      for (int64_t c0 = 0; c0 < n_out; c0 += 32) {
+        const int64_t cols = std::min<int64_t>(32, n_out - c0);
+        std::fill_n(out.data() + c0, cols, 0.0f);
+        SparseAxpyRows(isa, wt->view, c0, cols, idx.data(), x.data(), idx.size(), out.data() + c0);
+      }
+      SparseAxpyReference(wt->view, idx.data(), x.data(), idx.size(), ref.data());
+      REQUIRE(out[n_out] == -1.0f);  // nothing written past the row
+      for (int64_t o = 0; o < n_out; ++o) {
+        double mag = 0, exact = 0, requant = 0;
+        for (size_t j = 0; j < idx.size(); ++j) {
+          mag += std::fabs(static_cast<double>(x[j]) * tf[idx[j] * n_out + o]);
+          exact += static_cast<double>(x[j]) * wf[o * n_in + idx[j]];
+          requant += lossless ? 0.0 : std::fabs(x[j]) / 254;
+        }
+        INFO(TypeName(type) << " " << IsaName(isa) << " out " << o << " kept " << idx.size());
+        REQUIRE(std::fabs(out[o] - ref[o]) <= (idx.size() + 2) * 2 * kEps * mag + 1e-30);
+        // |w| <= 1 here, so a Q8_0 block's amax is at most 1 (plus the file type's own error).
+        REQUIRE(std::fabs(out[o] - exact) <=
+                requant * 1.1 + (idx.size() + 2) * 4 * kEps * mag + 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("input-sparse copies: column-sparse mat-vec equals the kept columns", "[sparse]") {
+  ThreadPool pool(2);
+  for (GgmlType type : kTypes) {
+    if (!SparseRowsSupported(type)) continue;
+    CheckColumnSparse(type, 96, Cols(type, 64), pool);
+  }
+  // Rows that a type's blocks do not divide: refused, not misread.
+  const OwnedWeight odd = RandomWeight(GgmlType::kF32, 40, 64, 3);
+  CHECK(absl::IsInvalidArgument(TransposeWeightAs(pool, odd.view, GgmlType::kQ8_0).status()));
 }
 
 TEST_CASE("interleaving gate and up refuses mismatched matrices", "[sparse]") {

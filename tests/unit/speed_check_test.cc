@@ -59,8 +59,13 @@ TEST_CASE("the speed check measures dense and each method, and the sidecar keeps
     CHECK(check->threads == 2);
     CHECK(check->dense_tokens_per_s > 0);
     const bool swiglu = std::string(file) == "stories260K.gguf";
-    REQUIRE(check->methods.size() == (swiglu ? 2u : 1u));  // gate-first is for SwiGLU only
+    // gate-first and input-sparse are for SwiGLU only
+    REQUIRE(check->methods.size() == (swiglu ? 3u : 1u));
     CHECK(check->methods[0].method == offline::MethodChoice::kPredicted);
+    if (swiglu) {
+      CHECK(check->methods[1].method == offline::MethodChoice::kGateFirst);
+      CHECK(check->methods[2].method == offline::MethodChoice::kInputSparse);
+    }
     for (const offline::MethodSpeed& m : check->methods) {
       CHECK(m.tokens_per_s > 0);
       // The level a load without --target-sparsity uses: the profile's target here.
@@ -79,10 +84,14 @@ TEST_CASE("the speed check measures dense and each method, and the sidecar keeps
     CHECK(s.dense_tokens_per_s == Approx(check->dense_tokens_per_s));
     CHECK(s.predicted_tokens_per_s == Approx(check->methods[0].tokens_per_s));
     CHECK((s.gate_first_tokens_per_s > 0) == swiglu);
+    CHECK((s.input_sparse_tokens_per_s > 0) == swiglu);
+    if (swiglu) CHECK(s.input_sparse_sparsity == Approx(profiled->sidecar.target_sparsity));
+    CHECK((offline::DescribeSpeed(s).find("input-sparse ") != std::string::npos) == swiglu);
     const nlohmann::json report = offline::ProfileReportJson(*profiled);
     CHECK(report["speed_check"]["dense_tokens_per_s"].get<double>() ==
           Approx(check->dense_tokens_per_s));
     CHECK(report["speed_check"]["methods"].contains("gate_first") == swiglu);
+    CHECK(report["speed_check"]["methods"].contains("input_sparse") == swiglu);
 
     o.rounds = 0;
     CHECK(absl::IsInvalidArgument(
@@ -119,7 +128,7 @@ TEST_CASE("auto serves dense where the speed check measured sparse slower, the f
   // Writes the sidecar with these figures and resolves it as a request sets it.
   auto resolve = [&](double dense, double predicted, double gate_first,
                      offline::SparseRequest request, const std::string& cpu = "",
-                     double measured_level = -1) {
+                     double measured_level = -1, double input_sparse = 0) {
     offline::Sidecar sidecar = profiled->sidecar;
     offline::SidecarSpeed& s = sidecar.speed;
     s.present = true;
@@ -128,7 +137,9 @@ TEST_CASE("auto serves dense where the speed check measured sparse slower, the f
     s.dense_tokens_per_s = dense;
     s.predicted_tokens_per_s = predicted;
     s.gate_first_tokens_per_s = gate_first;
-    s.predicted_sparsity = s.gate_first_sparsity = measured_level < 0 ? level : measured_level;
+    s.input_sparse_tokens_per_s = input_sparse;
+    s.predicted_sparsity = s.gate_first_sparsity = s.input_sparse_sparsity =
+        measured_level < 0 ? level : measured_level;
     REQUIRE(offline::WriteSidecar(sidecar, file).ok());
     request.sidecar = file;
     auto r = offline::ResolveSparsePlan(model, request);
@@ -194,6 +205,22 @@ TEST_CASE("auto serves dense where the speed check measured sparse slower, the f
   r = resolve(100, 50, 80, fastest);
   CHECK(!r.sparse);
   CHECK(r.warning.find("slower than dense") != std::string::npos);
+  r = resolve(100, 130, 120, fastest, "", -1, 140);
+  CHECK(r.sparse);
+  CHECK(r.methods == "input-sparse");
+  CHECK(r.checked == 140);
+  r = resolve(100, 50, 80, fastest, "", -1, 90);
+  CHECK(!r.sparse);
+  CHECK(r.warning.find("input-sparse 90.0 (0.90x)") != std::string::npos);
+  // Asked for input-sparse: its own figure, at its own level.
+  offline::SparseRequest input_sparse = automatic;
+  input_sparse.method = offline::MethodChoice::kInputSparse;
+  r = resolve(100, 150, 80, input_sparse, "", -1, 60);
+  CHECK(!r.sparse);  // input-sparse measured slower than dense
+  r = resolve(100, 50, 80, input_sparse, "", -1, 110);
+  CHECK(r.sparse);
+  CHECK(r.methods == "input-sparse");
+  CHECK(r.checked == 110);
 }
 
 TEST_CASE("profile then bench: a SwiGLU sidecar's methods against dense, and its speed check",
@@ -211,6 +238,7 @@ TEST_CASE("profile then bench: a SwiGLU sidecar's methods against dense, and its
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find("speed check: dense ") != std::string::npos);
   CHECK(r.out.find("gate-first") != std::string::npos);
+  CHECK(r.out.find("input-sparse") != std::string::npos);
   r = testing::RunThermocline("bench -m " + model + " --sidecar " + sidecar +
                               " --prompt-tokens 4 --gen-tokens 4 --repetitions 1 --threads 2");
   INFO(r.out);
