@@ -14,47 +14,18 @@
 #include "model_fixtures.h"
 #include "offline/pipeline.h"
 #include "offline/sparse_source.h"
+#include "sparse_fixtures.h"
 
 namespace thermocline {
 namespace {
 
 using testing::CachedModel;
+using testing::EveryToken;
 using testing::LoadReference;
+using testing::ProfiledSidecar;
 using testing::ReadTextFile;
 using testing::TempDir;
 using testing::TestModelPath;
-
-// A sidecar of `file` from a short profile on the profile corpus (never the perplexity text).
-const offline::Sidecar& ProfiledSidecar(const std::string& file) {
-  static std::map<std::string, offline::Sidecar> cache;
-  auto it = cache.find(file);
-  if (it != cache.end()) return it->second;
-  const LlamaModel& model = CachedModel(TestModelPath(file));
-  ThreadPool pool(2);
-  offline::PipelineOptions o;
-  o.run.corpus_path = TestModelPath("tinystories-profile.txt");
-  o.run.tokens = 2048;
-  o.profiler.max_samples = 1024;
-  o.predictors.train.epochs = 2;
-  auto r = offline::RunProfilePipeline(model, file, pool, o, nullptr);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  return cache.emplace(file, std::move(r->sidecar)).first->second;
-}
-
-EngineOptions EveryToken() {
-  EngineOptions o;  // perplexity's windows through the sparse FFN too, not dense prefill
-  o.dense_prefill = false;
-  return o;
-}
-
-double Perplexity(Session& session) {
-  const std::string text = ReadTextFile(TestModelPath("stories260K.ppl-sample.txt"));
-  auto r = ComputePerplexity(session, text, 128);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  return r->ppl;
-}
 
 TEST_CASE("gate-first with no threshold computes every neuron: dense logits", "[sparse]") {
   const std::string path = TestModelPath("stories260K.gguf");
@@ -102,7 +73,7 @@ void CheckQuality(const std::string& file, const std::map<double, double>& bound
   ThreadPool pool(2);
   const offline::Sidecar& sidecar = ProfiledSidecar(file);
   auto dense = testing::NewEngineSession(model, std::nullopt, pool, EveryToken());
-  const double ppl_dense = Perplexity(dense->session());
+  const double ppl_dense = testing::SamplePerplexity(dense->session());
   const double n_ff = static_cast<double>(model.hparams().n_ff);
   const nlohmann::json ref = LoadReference("stories260K.reference.json");
   for (const auto& [target, max_increase] : bound) {
@@ -111,7 +82,7 @@ void CheckQuality(const std::string& file, const std::map<double, double>& bound
     INFO(plan.status().ToString());
     REQUIRE(plan.ok());
     auto sparse = testing::NewEngineSession(model, *std::move(plan), pool, EveryToken());
-    const double ppl = Perplexity(sparse->session());
+    const double ppl = testing::SamplePerplexity(sparse->session());
     const SparseFfnStats& st = sparse->sparse()->stats();
     const double up_share = st.up_rows / st.layer_tokens / n_ff;
     const double fired_share = st.fired / st.layer_tokens / n_ff;

@@ -17,6 +17,7 @@
 #include "offline/profile/profile_run.h"
 #include "offline/sparse_source.h"
 #include "offline/speed_check.h"
+#include "sparse_fixtures.h"
 #include "test_util.h"
 
 namespace thermocline {
@@ -28,20 +29,7 @@ using testing::TestModelPath;
 
 // A sidecar of `file` from a short profile on the profile corpus.
 const offline::Sidecar& ProfiledSidecar(const std::string& file) {
-  static std::map<std::string, offline::Sidecar> cache;
-  auto it = cache.find(file);
-  if (it != cache.end()) return it->second;
-  const LlamaModel& model = CachedModel(TestModelPath(file));
-  ThreadPool pool(2);
-  offline::PipelineOptions o;
-  o.run.corpus_path = TestModelPath("tinystories-profile.txt");
-  o.run.tokens = 1024;
-  o.profiler.max_samples = 512;
-  o.predictors.train.epochs = 1;
-  auto r = offline::RunProfilePipeline(model, file, pool, o, nullptr);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  return cache.emplace(file, std::move(r->sidecar)).first->second;
+  return testing::ProfiledSidecar(file, {.tokens = 1024, .samples = 512, .epochs = 1});
 }
 
 bool HaveModels() {

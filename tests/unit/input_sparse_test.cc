@@ -15,45 +15,19 @@
 #include "model_fixtures.h"
 #include "offline/pipeline.h"
 #include "offline/sparse_source.h"
+#include "sparse_fixtures.h"
 
 namespace thermocline {
 namespace {
 
 using testing::CachedModel;
+using testing::EveryToken;
 using testing::LoadReference;
 using testing::ReadTextFile;
 using testing::TestModelPath;
 
-// A sidecar of `file` from a short profile on the profile corpus (never the perplexity text).
 const offline::Sidecar& ProfiledSidecar(const std::string& file) {
-  static std::map<std::string, offline::Sidecar> cache;
-  auto it = cache.find(file);
-  if (it != cache.end()) return it->second;
-  const LlamaModel& model = CachedModel(TestModelPath(file));
-  ThreadPool pool(2);
-  offline::PipelineOptions o;
-  o.run.corpus_path = TestModelPath("tinystories-profile.txt");
-  o.run.tokens = 2048;
-  o.profiler.max_samples = 1024;
-  o.predictors.train.epochs = 1;
-  auto r = offline::RunProfilePipeline(model, file, pool, o, nullptr);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  return cache.emplace(file, std::move(r->sidecar)).first->second;
-}
-
-EngineOptions EveryToken() {
-  EngineOptions o;  // perplexity's windows through the sparse path too, not dense prefill
-  o.dense_prefill = false;
-  return o;
-}
-
-double Perplexity(Session& session) {
-  const std::string text = ReadTextFile(TestModelPath("stories260K.ppl-sample.txt"));
-  auto r = ComputePerplexity(session, text, 128);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  return r->ppl;
+  return testing::ProfiledSidecar(file, {.tokens = 2048, .samples = 1024, .epochs = 1});
 }
 
 // Every layer input-sparse with the given thresholds.
@@ -140,7 +114,7 @@ void CheckQuality(const std::string& file, const std::map<double, double>& bound
   ThreadPool pool(2);
   const offline::Sidecar& sidecar = ProfiledSidecar(file);
   auto dense = testing::NewEngineSession(model, std::nullopt, pool, EveryToken());
-  const double ppl_dense = Perplexity(dense->session());
+  const double ppl_dense = testing::SamplePerplexity(dense->session());
   const double n_ff = static_cast<double>(model.hparams().n_ff);
   const double n_embd = static_cast<double>(model.hparams().n_embd);
   const nlohmann::json ref = LoadReference("stories260K.reference.json");
@@ -150,7 +124,7 @@ void CheckQuality(const std::string& file, const std::map<double, double>& bound
     INFO(plan.status().ToString());
     REQUIRE(plan.ok());
     auto sparse = testing::NewEngineSession(model, *std::move(plan), pool, EveryToken());
-    const double ppl = Perplexity(sparse->session());
+    const double ppl = testing::SamplePerplexity(sparse->session());
     const SparseFfnStats& st = sparse->sparse()->stats();
     REQUIRE(st.ffn_in_tokens > 0);
     const double attn_kept = st.attn_in_kept / st.attn_in_tokens / n_embd;
