@@ -176,18 +176,21 @@ void ActivationProfiler::OnGate(int layer, const float* gate, const float* up, i
   }
 }
 
+namespace {
+// |x| of n values into hist's bins.
+void AddToHist(std::vector<uint64_t>& hist, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) hist[AbsHistBin(x[i])]++;
+}
+}  // namespace
+
 // Every token, as OnFfn fills abs_hist: the calibration tokens too.
 void ActivationProfiler::OnAttentionInput(int layer, const float* xn, int64_t n_embd,
                                           int64_t n_tokens) {
-  if (!magnitude_) return;
-  std::vector<uint64_t>& hist = layers_[layer].attn_in_hist;
-  for (int64_t i = 0; i < n_tokens * n_embd; ++i) hist[AbsHistBin(xn[i])]++;
+  if (magnitude_) AddToHist(layers_[layer].attn_in_hist, xn, n_tokens * n_embd);
 }
 
 void ActivationProfiler::OnFfnInput(int layer, const float* xn, int64_t n_embd, int64_t n_tokens) {
-  if (!magnitude_) return;
-  std::vector<uint64_t>& hist = layers_[layer].ffn_in_hist;
-  for (int64_t i = 0; i < n_tokens * n_embd; ++i) hist[AbsHistBin(xn[i])]++;
+  if (magnitude_) AddToHist(layers_[layer].ffn_in_hist, xn, n_tokens * n_embd);
 }
 
 void ActivationProfiler::OnRouting(int layer, const int32_t* selected, int64_t k,

@@ -56,4 +56,15 @@ inline double SamplePerplexity(Session& session) {
   return r->ppl;
 }
 
+// How many of stories260K.reference.json's prompts keep dense's first n greedy tokens.
+inline int PromptsKeepingGreedy(Session& sparse, Session& dense, int n) {
+  const nlohmann::json ref = LoadReference("stories260K.reference.json");
+  int equal = 0;
+  for (const nlohmann::json& p : ref["prompts"]) {
+    const std::vector<int32_t> prompt = p["prompt_ids"];
+    equal += GreedyIds(sparse, prompt, n) == GreedyIds(dense, prompt, n);
+  }
+  return equal;
+}
+
 }  // namespace thermocline::testing
