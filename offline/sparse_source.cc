@@ -28,10 +28,8 @@ float QuantileAt(const std::vector<float>& quantiles, double q) {
 }
 
 double Bytes(const WeightView& w) { return static_cast<double>(w.row_bytes) * w.rows; }
-// Bytes of w's transposed copy, which an input-sparse layer reads (InputSparseTType's type).
-double TransposedBytes(const WeightView& w) {
-  return static_cast<double>(RowBytes(InputSparseTType(w), w.rows)) * w.cols;
-}
+// Bytes of w's column-sparse layout on this CPU, which an input-sparse layer reads.
+double ColumnBytes(const WeightView& w) { return ColumnWeight::BytesFor(w, BestIsa()); }
 
 // The sparsity each method's thresholds sit at.
 struct AutoLevels {
@@ -44,9 +42,8 @@ struct AutoLevels {
 // the profile: predicted reads all of q/k/v, gate and up rows of the predicted share and down
 // rows of the share its threshold keeps, plus the predictor; gate-first all of q/k/v, every gate
 // row and up and down rows of the share its threshold keeps; input-sparse the share its
-// thresholds keep of the columns of all six, in their transposed copies' types (a K-quant's or
-// Q4_0's copy is Q8_0: more bytes per column than the model's rows). Ties keep the earlier of
-// predicted, gate-first, input-sparse.
+// thresholds keep of the columns of all six, in their column-sparse layouts (ColumnWeight). Ties
+// keep the earlier of predicted, gate-first, input-sparse.
 MethodChoice FewestBytesMethod(const SidecarLayer& s, const LayerWeights& L,
                                const AutoLevels& levels, bool gate_first, bool input_sparse) {
   const double g = Bytes(L.ffn_gate), u = Bytes(L.ffn_up), d = Bytes(L.ffn_down);
@@ -69,7 +66,7 @@ MethodChoice FewestBytesMethod(const SidecarLayer& s, const LayerWeights& L,
   if (input_sparse) {
     double all = 0;
     for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
-      all += TransposedBytes(*w);
+      all += ColumnBytes(*w);
     }
     consider(MethodChoice::kInputSparse, (1.0 - levels.input_sparse) * all);
   }

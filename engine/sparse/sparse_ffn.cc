@@ -40,8 +40,9 @@ GgmlType InputSparseTType(const WeightView& w) {
 }
 
 namespace {
-// An input-sparse layer's copies (SparseWeights::Layer): every projection but o transposed, in
-// the model's neuron order, no device part; gate and up view the model's matrices.
+// An input-sparse layer's copies (SparseWeights::Layer): every projection but o laid out for the
+// column-sparse mat-vec, in the model's neuron order, no device part; gate and up view the
+// model's matrices.
 absl::StatusOr<SparseWeights::Layer> BuildInputSparseLayer(const LayerWeights& L,
                                                            const LlamaHparams& h,
                                                            ThreadPool& pool) {
@@ -52,26 +53,24 @@ absl::StatusOr<SparseWeights::Layer> BuildInputSparseLayer(const LayerWeights& L
   y.up = L.ffn_up;
   struct Copy {
     const WeightView* from;
-    OwnedWeight* to;
+    ColumnWeight* to;
   };
   for (const Copy& c :
-       {Copy{&L.wq, &y.q_t}, Copy{&L.wk, &y.k_t}, Copy{&L.wv, &y.v_t}, Copy{&L.ffn_gate, &y.gate_t},
-        Copy{&L.ffn_up, &y.up_t}, Copy{&L.ffn_down, &y.down_t}}) {
-    // Q4_0 requantized along the other axis adds about as much error as its own quantization,
-    // and here every projection would carry it; Q8_0 adds next to nothing, at twice the bytes
-    // (docs/sparse.md).
-    absl::StatusOr<OwnedWeight> t = TransposeWeightAs(pool, *c.from, InputSparseTType(*c.from));
+       {Copy{&L.wq, &y.q_c}, Copy{&L.wk, &y.k_c}, Copy{&L.wv, &y.v_c}, Copy{&L.ffn_gate, &y.gate_c},
+        Copy{&L.ffn_up, &y.up_c}, Copy{&L.ffn_down, &y.down_c}}) {
+    absl::StatusOr<ColumnWeight> t = ColumnWeight::Build(pool, *c.from, BestIsa());
     if (!t.ok()) return t.status();
     *c.to = *std::move(t);
   }
   return y;
 }
 
-// Bounds of part `part` of `parts` over [0, n), on multiples of 32 columns (a block of every
-// quantized type a transposed copy has) but for the last.
+// Bounds of part `part` of `parts` over [0, n), on multiples of kColumnChunk columns (where the
+// column-sparse kernels start a slice; a multiple of every block a float-form copy has) but for
+// the last.
 int64_t SliceBound(int64_t n, int part, int parts) {
   if (part >= parts) return n;
-  return std::min(n, n * part / parts / 32 * 32);
+  return std::min(n, n * part / parts / kColumnChunk * kColumnChunk);
 }
 }  // namespace
 
@@ -211,8 +210,8 @@ uint64_t SparseWeights::bytes() const {
   for (const Layer& y : layers_) {
     total += y.gate_rows.data.size() + y.up_rows.data.size() + y.down_t.data.size() +
              y.fc2_t.data.size();
-    for (const OwnedWeight* t : {&y.q_t, &y.k_t, &y.v_t, &y.gate_t, &y.up_t}) {
-      total += t->data.size();
+    for (const ColumnWeight* c : {&y.q_c, &y.k_c, &y.v_c, &y.gate_c, &y.up_c, &y.down_c}) {
+      total += c->bytes();
     }
   }
   return total;
@@ -357,6 +356,8 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
   chunk_out_.assign(max_chunks * h.n_embd, 0.0f);
   in_idx_.resize(h.n_embd);
   in_val_.resize(h.n_embd);
+  in_.Reserve(h.n_embd);
+  for (Lane& lane : lanes_) lane.fired_in.Reserve(h.n_ff);
   ResetStats();
 }
 
@@ -439,15 +440,16 @@ bool SparseFfn::ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* 
   const SparseWeights::Layer& y = weights_->layer(layer);
   const float threshold = plan()[layer].attn_in_threshold;
   struct Part {
-    const WeightView* w_t;
+    const ColumnWeight* w;
     float* out;
     int64_t cols;
   };
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t m = KeepInputs(xn + t * h.n_embd, h.n_embd, threshold);
-    const Part parts[] = {{&y.q_t.view, q + t * h.q_dim(), h.q_dim()},
-                          {&y.k_t.view, k + t * h.kv_dim(), h.kv_dim()},
-                          {&y.v_t.view, v + t * h.v_dim(), h.v_dim()}};
+    in_.Set(in_idx_.data(), in_val_.data(), m);
+    const Part parts[] = {{&y.q_c, q + t * h.q_dim(), h.q_dim()},
+                          {&y.k_c, k + t * h.kv_dim(), h.kv_dim()},
+                          {&y.v_c, v + t * h.v_dim(), h.v_dim()}};
     // Each thread a slice of the columns of all three: no partial sums to add.
     const int n_threads = pool_->size();
     pool_->Run([&](int thread) {
@@ -456,7 +458,7 @@ bool SparseFfn::ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* 
         const int64_t c1 = SliceBound(p.cols, thread + 1, n_threads);
         if (c1 <= c0) continue;
         std::fill(p.out + c0, p.out + c1, 0.0f);
-        SparseAxpyRows(isa_, *p.w_t, c0, c1 - c0, in_idx_.data(), in_val_.data(), m, p.out + c0);
+        ColumnSparseAdd(isa_, *p.w, in_, c0, c1, p.out + c0);
       }
     });
     stats_.attn_in_tokens += 1;
@@ -472,6 +474,7 @@ void SparseFfn::ForwardTokenInputSparse(int layer, const float* xn, float* out) 
   const SparseWeights::Layer& y = weights_->layer(layer);
   const SparseLayerPlan& p = plan()[layer];
   const int64_t m = KeepInputs(xn, h.n_embd, p.ffn_in_threshold);
+  in_.Set(in_idx_.data(), in_val_.data(), m);
   const int n_threads = pool_->size();
   pool_->Run([&](int thread) {
     Lane& lane = lanes_[thread];
@@ -485,8 +488,8 @@ void SparseFfn::ForwardTokenInputSparse(int layer, const float* xn, float* out) 
     float* u = lane.up.data();
     std::fill_n(g, w, 0.0f);
     std::fill_n(u, w, 0.0f);
-    SparseAxpyRows(isa_, y.gate_t.view, s0, w, in_idx_.data(), in_val_.data(), m, g);
-    SparseAxpyRows(isa_, y.up_t.view, s0, w, in_idx_.data(), in_val_.data(), m, u);
+    ColumnSparseAdd(isa_, y.gate_c, in_, s0, s0 + w, g);
+    ColumnSparseAdd(isa_, y.up_c, in_, s0, s0 + w, u);
     GatedActivation(h.activation, g, u, w);
     // Below the magnitude threshold: dropped before down reads their rows.
     int32_t* idx = lane.idx.data();
@@ -497,7 +500,8 @@ void SparseFfn::ForwardTokenInputSparse(int layer, const float* xn, float* out) 
         g[n++] = g[j];
       }
     }
-    SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, g, n, part);
+    lane.fired_in.Set(idx, g, n);
+    ColumnSparseAdd(isa_, y.down_c, lane.fired_in, 0, h.n_embd, part);
     lane.fired = n;
   });
   // In thread order: the same bits run to run.
@@ -803,10 +807,10 @@ double SparseFfn::SparseBytesPerToken() const {
       for (const WeightView* w : {&L.wq, &L.wk, &L.wv}) {
         bytes -= static_cast<double>(w->row_bytes) * w->rows;
       }
-      bytes += attn_kept * static_cast<double>(y.q_t.view.row_bytes + y.k_t.view.row_bytes +
-                                               y.v_t.view.row_bytes) +
-               ffn_kept * static_cast<double>(y.gate_t.view.row_bytes + y.up_t.view.row_bytes) +
-               ffn_fired * static_cast<double>(y.down_t.view.row_bytes);
+      bytes += attn_kept *
+                   (y.q_c.bytes_per_input() + y.k_c.bytes_per_input() + y.v_c.bytes_per_input()) +
+               ffn_kept * (y.gate_c.bytes_per_input() + y.up_c.bytes_per_input()) +
+               ffn_fired * y.down_c.bytes_per_input();
       continue;
     }
     // Up rows are read for the neurons whose gate passed (counted on the host's fused path);

@@ -21,6 +21,7 @@
 #include "engine/model/ffn_backend.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/session.h"
+#include "engine/sparse/column_sparse.h"
 #include "engine/sparse/predictor.h"
 #include "engine/sparse/sparse_ops.h"
 #include "engine/sparse/sparse_plan.h"
@@ -54,12 +55,11 @@ class SparseWeights {
     std::vector<float> b2;           // (n_ff) slot order
     std::vector<float> gate_scale;   // (n_ff) slot order, gate-first layers (empty: none)
     int64_t n_device = 0;            // the placement's device part: slots [0, n_device)
-    // Input-sparse layers: the projections' columns as rows, for the axpy form of a
-    // column-sparse mat-vec (TransposeWeight's types): q, k, v (n_embd, q_dim / kv_dim /
-    // v_dim), gate and up (n_embd, n_ff). Such a layer keeps the model's order (slot s is
-    // neuron s), has no device part and no gate/up row copies (gate and up view the model's
-    // matrices): its prefill is the session's dense FFN, and its file pages stay mapped.
-    OwnedWeight q_t, k_t, v_t, gate_t, up_t;
+    // Input-sparse layers: q, k, v, gate, up and down laid out for the column-sparse mat-vec
+    // (column_sparse.h). Such a layer keeps the model's order (slot s is neuron s), has no
+    // device part, no down_t and no gate/up row copies (gate and up view the model's matrices):
+    // its prefill is the session's dense FFN, and its file pages stay mapped.
+    ColumnWeight q_c, k_c, v_c, gate_c, up_c, down_c;
   };
 
   // Checks the plan against the model and builds every layer's copies over `pool`.
@@ -197,6 +197,7 @@ class SparseFfn : public FfnBackend {
     std::vector<float> gate;                       // (n_ff) compact: gate, then the activation
     std::vector<float> up;                         // (n_ff)
     std::vector<int32_t> seen_predicted, seen_up;  // (n_ff) for observer_: idx before compaction
+    ColumnInput fired_in;                          // input-sparse: this thread's down inputs
     int64_t predicted = 0, up_rows = 0, fired = 0;
     double predictor_s = 0;
   };
@@ -209,8 +210,8 @@ class SparseFfn : public FfnBackend {
   std::vector<ChunkBounds> PlanChunks(bool after_device_part) const;
   void ForwardToken(int layer, const float* xn, float* out);
   // An input-sparse layer's FFN of one token: the entries of xn with |x_i| > ffn_in_threshold
-  // select rows of gate_t and up_t, the pool's threads each taking a slice of the neurons
-  // (columns) through gate, up, the activation and their down_t rows into their own sums.
+  // select columns of gate and up, the pool's threads each taking a slice of the neurons
+  // through gate, up, the activation and their down columns into their own sums.
   void ForwardTokenInputSparse(int layer, const float* xn, float* out);
   // The entries of x: (n) with |x_i| > threshold into in_idx_, in_val_; returns how many.
   int64_t KeepInputs(const float* x, int64_t n, float threshold);
@@ -271,6 +272,7 @@ class SparseFfn : public FfnBackend {
   std::vector<float> prefill_gate_, prefill_up_;  // (max_batch, n_ff) with dense_prefill
   std::vector<int32_t> in_idx_;                   // (n_embd) input-sparse: entries kept
   std::vector<float> in_val_;                     // (n_embd) and their values
+  ColumnInput in_;                                // in_idx_, in_val_ for the column-sparse layouts
   AxpyTokensScratch prefill_axpy_;
   MatMulScratch matmul_scratch_;
   SparseFfnStats stats_;

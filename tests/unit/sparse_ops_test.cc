@@ -14,6 +14,7 @@
 #include "engine/ops/kernels.h"
 #include "engine/ops/matmul.h"
 #include "engine/ops/type_table.h"
+#include "engine/sparse/column_sparse.h"
 #include "engine/sparse/sparse_ffn.h"
 #include "engine/util/thread_pool.h"
 #include "quant_test_util.h"
@@ -354,6 +355,147 @@ TEST_CASE("input-sparse copies: column-sparse mat-vec equals the kept columns", 
   // Rows that a type's blocks do not divide: refused, not misread.
   const OwnedWeight odd = RandomWeight(GgmlType::kF32, 40, 64, 3);
   CHECK(absl::IsInvalidArgument(TransposeWeightAs(pool, odd.view, GgmlType::kQ8_0).status()));
+}
+
+// The integer column-sparse layout (column_sparse.h) of a projection w: (out, in), odd outputs.
+//  - Each column read back alone through the scalar reference (one kept input of 127: its int8
+//    value is 127 at scale 1) against w's dequantized column: exact for Q8_0 and Q4_0, the F16
+//    rounding of d · sc (2^-11 relative) for the decoded types, half a step of amax / 127 (plus
+//    the F16 scale's rounding over 127 steps) for
+//    the types requantized to 8 bits.
+//  - Every ISA's kernel against the reference on slices of 64 outputs (as SparseFfn's threads
+//    take them) added onto y, for every active set; the reference against w restricted to the
+//    kept inputs, within the activations' int8 rounding (0.6 steps of the block's amax / 127)
+//    and the weights' error above.
+void CheckIntegerColumns(GgmlType type, int64_t n_out, int64_t n_in, ThreadPool& pool) {
+  const OwnedWeight w = RandomWeight(type, n_out, n_in, 21);
+  absl::StatusOr<ColumnWeight> c = ColumnWeight::Build(pool, w.view, Isa::kAvx512Vnni);
+  REQUIRE(c.ok());
+  INFO(TypeName(type));
+  REQUIRE(c->bytes() >= ColumnWeight::BytesFor(w.view, Isa::kAvx512Vnni));
+  REQUIRE(c->bytes() <= ColumnWeight::BytesFor(w.view, Isa::kAvx512Vnni) + 64);
+  if (type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16) {
+    REQUIRE(c->form() == ColumnWeight::Form::kFloat);
+    return;
+  }
+  const bool int4 = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ4_K;
+  REQUIRE(c->form() == (int4 ? ColumnWeight::Form::kInt4 : ColumnWeight::Form::kInt8));
+  // Without the integer kernel: the float form.
+  REQUIRE(ColumnWeight::FormFor(w.view, Isa::kAvx2) == ColumnWeight::Form::kFloat);
+  const bool exact = type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
+  const bool requant =
+      type == GgmlType::kQ2_K || type == GgmlType::kQ3_K || type == GgmlType::kQ6_K;
+  const std::vector<float> wf = Dequantized(w.view);
+  // err[o · n_in + j]: the bound on the layout's weight (o, j).
+  std::vector<double> err(wf.size());
+  for (int64_t o = 0; o < n_out; ++o) {
+    for (int64_t b = 0; b < n_in; b += 32) {
+      double amax = 0;
+      for (int64_t j = b; j < b + 32; ++j)
+        amax = std::max<double>(amax, std::fabs(wf[o * n_in + j]));
+      for (int64_t j = b; j < b + 32; ++j) {
+        err[o * n_in + j] = (exact ? 1e-6 : requant ? 0.57 / 127 : 4e-3) * amax + 1e-7;
+      }
+    }
+  }
+  ColumnInput in;
+  in.Reserve(n_in);
+  std::vector<float> column(n_out);
+  for (int32_t j = 0; j < n_in; ++j) {
+    const float v = 127.0f;
+    in.Set(&j, &v, 1);
+    REQUIRE(in.n_blocks() == 1);
+    REQUIRE(in.begin(1) == 4);  // one entry, padded to a group of 4
+    REQUIRE(in.scale(0) == 1.0f);
+    REQUIRE(in.qsum(0) == 127);
+    std::fill(column.begin(), column.end(), 0.0f);
+    ColumnSparseAddReference(*c, in, 0, n_out, column.data());
+    for (int64_t o = 0; o < n_out; ++o) {
+      INFO("column " << j << " output " << o);
+      REQUIRE(std::fabs(column[o] / 127.0 - wf[o * n_in + j]) <= err[o * n_in + j]);
+    }
+  }
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (const std::vector<int32_t>& idx : ActiveSets(n_in, 31)) {
+    std::vector<float> x(idx.size());
+    for (float& v : x) v = dist(rng) + 0.01f;
+    in.Set(idx.data(), x.data(), static_cast<int64_t>(idx.size()));
+    std::vector<float> ref(n_out, 0.5f);
+    ColumnSparseAddReference(*c, in, 0, n_out, ref.data());
+    for (int64_t o = 0; o < n_out; ++o) {
+      double exact_sum = 0.5, bound = 1e-5, mag = 0;
+      for (size_t k = 0; k < idx.size(); ++k) {
+        double amax = 0;
+        for (size_t l = 0; l < idx.size(); ++l) {
+          if (idx[l] / 32 == idx[k] / 32) amax = std::max<double>(amax, std::fabs(x[l]));
+        }
+        const double wv = wf[o * n_in + idx[k]];
+        exact_sum += wv * x[k];
+        bound += std::fabs(wv) * 0.6 * amax / 127 + std::fabs(x[k]) * err[o * n_in + idx[k]];
+        mag += std::fabs(wv * x[k]);
+      }
+      INFO("output " << o << " kept " << idx.size());
+      REQUIRE(std::fabs(ref[o] - exact_sum) <= bound + 1e-5 * mag);
+    }
+    for (Isa isa : AvailableIsas()) {
+      std::vector<float> out(n_out + 1, 0.5f);
+      out[n_out] = -1.0f;
+      for (int64_t c0 = 0; c0 < n_out; c0 += kColumnChunk) {
+        const int64_t c1 = std::min<int64_t>(c0 + kColumnChunk, n_out);
+        ColumnSparseAdd(isa, *c, in, c0, c1, out.data() + c0);
+      }
+      REQUIRE(out[n_out] == -1.0f);  // nothing written past the slice
+      for (int64_t o = 0; o < n_out; ++o) {
+        double mag = 0.5;
+        for (size_t k = 0; k < idx.size(); ++k) mag += std::fabs(wf[o * n_in + idx[k]] * x[k]);
+        INFO(IsaName(isa) << " output " << o << " kept " << idx.size());
+        REQUIRE(std::fabs(out[o] - ref[o]) <= 1e-5 * mag);
+      }
+    }
+  }
+}
+
+TEST_CASE("input-sparse integer layout: columns and kernels against the weights", "[sparse]") {
+  ThreadPool pool(2);
+  for (GgmlType type : kTypes) {
+    if (!SparseRowsSupported(type)) continue;
+    CheckIntegerColumns(type, 200, Cols(type, 96), pool);
+  }
+  if (std::find(AvailableIsas().begin(), AvailableIsas().end(), Isa::kAvx512Vnni) ==
+      AvailableIsas().end()) {
+    WARN("this CPU has no AVX512_VNNI: the integer kernel was not run, only its reference");
+  }
+  // Inputs that are not whole blocks of 32: the float form.
+  const OwnedWeight odd = RandomWeight(GgmlType::kQ8_0, 64, 32, 3);
+  WeightView narrow = odd.view;
+  narrow.cols = 16;
+  CHECK(ColumnWeight::FormFor(narrow, Isa::kAvx512Vnni) == ColumnWeight::Form::kFloat);
+}
+
+TEST_CASE("input-sparse integer layout: kept inputs quantized per block in groups of 4",
+          "[sparse]") {
+  ColumnInput in;
+  in.Reserve(100);
+  const std::vector<int32_t> idx = {1, 2, 40, 41, 42, 43, 44, 99};
+  const std::vector<float> x = {0.5f, -1.0f, 2.0f, 1.0f, -0.25f, 0.0f, 2.0f, 3.0f};
+  in.Set(idx.data(), x.data(), static_cast<int64_t>(idx.size()));
+  REQUIRE(in.n_blocks() == 3);
+  CHECK(in.block(0) == 0);
+  CHECK(in.block(1) == 1);
+  CHECK(in.block(2) == 3);
+  CHECK(in.begin(1) == 4);   // 2 entries + 2 of padding
+  CHECK(in.begin(2) == 12);  // 5 entries + 3
+  CHECK(in.begin(3) == 16);  // 1 entry + 3
+  CHECK(in.scale(0) == 1.0f / 127.0f);
+  CHECK(in.slot_q()[0] == 64);  // 0.5 · 127 rounded to even
+  CHECK(in.slot_q()[1] == -127);
+  CHECK(in.slot_q()[2] == 0);
+  CHECK(in.slot_idx()[3] == 2);  // padding repeats the last kept column
+  CHECK(in.qsum(0) == 64 - 127);
+  CHECK(in.qsum(2) == 127);
+  in.Set(idx.data(), x.data(), 0);
+  CHECK(in.n_blocks() == 0);
 }
 
 TEST_CASE("interleaving gate and up refuses mismatched matrices", "[sparse]") {

@@ -1,0 +1,331 @@
+// The column-sparse mat-vec's layouts (built from every weight type's blocks), the kept inputs'
+// quantization, the integer form's scalar reference and the dispatch (column_sparse.h).
+#include "engine/sparse/column_sparse.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/ops/ggml_types.h"
+#include "engine/ops/quants_ref.h"
+#include "engine/ops/type_table.h"
+#include "engine/sparse/sparse_ffn.h"
+#include "engine/sparse/sparse_ops.h"
+
+namespace thermocline {
+namespace {
+
+using ops_internal::DecodedBlock;
+using ops_internal::DecodeFn;
+
+// Where output p (0..63) of a chunk is stored within the chunk's 64 values. The kernels interleave
+// four rows' chunks bytewise, then wordwise, within each 128-bit lane (unpacklo/hi_epi8, then
+// _epi16): int32 lane q of accumulator m then holds stored position 16 (q / 4) + 4 m + q % 4.
+// Storing output 16 m + q there leaves accumulator m with outputs [16 m, 16 m + 16) in order.
+constexpr int StoredPos(int p) { return 16 * ((p & 15) >> 2) + 4 * (p >> 4) + (p & 3); }
+
+// How a type's quants become the integer form: its decoder (null: Q8_0 and Q4_0, read directly;
+// kRequant: via F32 and Q8_0), the form, the offset added to its q, and whether it has mins.
+struct Source {
+  ColumnWeight::Form form;
+  DecodeFn decode;
+  int32_t offset;
+  bool min;
+  bool requant;
+};
+
+bool SourceFor(GgmlType type, Source* s) {
+  using F = ColumnWeight::Form;
+  namespace oi = ops_internal;
+  switch (type) {
+    case GgmlType::kQ8_0:
+      *s = {F::kInt8, nullptr, 128, false, false};
+      return true;
+    case GgmlType::kQ4_0:
+      *s = {F::kInt4, nullptr, 8, false, false};
+      return true;
+    case GgmlType::kQ4_1:
+      *s = {F::kInt4, oi::DecodeQ4_1, 0, true, false};
+      return true;
+    case GgmlType::kQ4_K:
+      *s = {F::kInt4, oi::DecodeQ4_K, 0, true, false};
+      return true;
+    case GgmlType::kQ5_0:
+      *s = {F::kInt8, oi::DecodeQ5_0, 128, false, false};
+      return true;
+    case GgmlType::kQ5_1:
+      *s = {F::kInt8, oi::DecodeQ5_1, 128, true, false};
+      return true;
+    case GgmlType::kQ5_K:
+      *s = {F::kInt8, oi::DecodeQ5_K, 128, true, false};
+      return true;
+    case GgmlType::kIQ4_NL:
+      *s = {F::kInt8, oi::DecodeIQ4_NL, 128, false, false};
+      return true;
+    case GgmlType::kIQ4_XS:
+      *s = {F::kInt8, oi::DecodeIQ4_XS, 128, false, false};
+      return true;
+    // Scales per 16 inputs: requantized to Q8_0's 8 bits per 32.
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kQ6_K:
+      *s = {F::kInt8, nullptr, 128, false, true};
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool HasIntegerKernel(Isa isa) { return isa == Isa::kAvx512Vnni; }
+
+// Row i of w as the integer form's u (in values) and its blocks' scales and mins, as floats
+// (scale[b], min[b]). q8: a row of Q8_0 scratch for requantized types. False when a quant does
+// not fit the form (a decoder's range the table above got wrong).
+bool DecodeRow(const WeightView& w, const Source& s, int64_t i, uint8_t* u, float* scale,
+               float* min, std::vector<uint8_t>& q8, std::vector<float>& f) {
+  const int64_t in = w.cols;
+  const uint8_t* row = w.row(i);
+  const int32_t limit = s.form == ColumnWeight::Form::kInt4 ? 15 : 255;
+  if (s.requant || w.type == GgmlType::kQ8_0) {
+    const BlockQ8_0* blocks = reinterpret_cast<const BlockQ8_0*>(row);
+    if (s.requant) {
+      KernelsFor(w.type)->to_float(row, f.data(), in);
+      QuantizeWeights(*KernelsFor(GgmlType::kQ8_0), f.data(), q8.data(), in);
+      blocks = reinterpret_cast<const BlockQ8_0*>(q8.data());
+    }
+    for (int64_t b = 0; b < in / 32; ++b) {
+      scale[b] = HalfToFloat(blocks[b].d);
+      min[b] = 0.0f;
+      for (int e = 0; e < 32; ++e) u[b * 32 + e] = static_cast<uint8_t>(blocks[b].qs[e] + 128);
+    }
+    return true;
+  }
+  if (w.type == GgmlType::kQ4_0) {
+    const BlockQ4_0* blocks = reinterpret_cast<const BlockQ4_0*>(row);
+    for (int64_t b = 0; b < in / 32; ++b) {
+      scale[b] = HalfToFloat(blocks[b].d);
+      min[b] = 0.0f;
+      for (int e = 0; e < 16; ++e) {
+        u[b * 32 + e] = blocks[b].qs[e] & 0x0F;
+        u[b * 32 + e + 16] = blocks[b].qs[e] >> 4;
+      }
+    }
+    return true;
+  }
+  const int64_t block = TypeInfo(w.type).block_size;
+  DecodedBlock d;
+  for (int64_t k = 0; k < in / block; ++k) {
+    s.decode(row, k, &d);
+    if (d.group != 32) return false;
+    for (int g = 0; g < block / 32; ++g) {
+      const int64_t b = k * block / 32 + g;
+      scale[b] = d.d * static_cast<float>(d.sc[g]);
+      min[b] = d.dm * static_cast<float>(d.mn[g]);
+      for (int e = 0; e < 32; ++e) {
+        const int32_t v = d.q[g * 32 + e] + s.offset;
+        if (v < 0 || v > limit) return false;
+        u[b * 32 + e] = static_cast<uint8_t>(v);
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+ColumnWeight::Form ColumnWeight::FormFor(const WeightView& w, Isa isa) {
+  Source s;
+  if (!HasIntegerKernel(isa) || w.layout != WeightLayout::kRows || w.cols % kColumnBlock != 0 ||
+      w.cols % TypeInfo(w.type).block_size != 0 || !SourceFor(w.type, &s)) {
+    return Form::kFloat;
+  }
+  return s.form;
+}
+
+double ColumnWeight::BytesFor(const WeightView& w, Isa isa) {
+  const Form form = FormFor(w, isa);
+  if (form == Form::kFloat) {
+    return static_cast<double>(RowBytes(InputSparseTType(w), w.rows)) * w.cols;
+  }
+  Source s;
+  SourceFor(w.type, &s);
+  const double out_pad =
+      static_cast<double>((w.rows + kColumnChunk - 1) / kColumnChunk) * kColumnChunk;
+  const double values = out_pad * (form == Form::kInt4 ? 0.5 : 1.0) * w.cols;
+  const double scales = out_pad * (w.cols / kColumnBlock) * 2.0 * (s.min ? 2 : 1);
+  return values + scales;
+}
+
+absl::StatusOr<ColumnWeight> ColumnWeight::Build(ThreadPool& pool, const WeightView& w, Isa isa) {
+  ColumnWeight c;
+  c.form_ = FormFor(w, isa);
+  c.in_ = w.cols;
+  c.out_ = w.rows;
+  if (c.form_ == Form::kFloat) {
+    absl::StatusOr<OwnedWeight> t = TransposeWeightAs(pool, w, InputSparseTType(w));
+    if (!t.ok()) return t.status();
+    c.rows_ = *std::move(t);
+    return c;
+  }
+  Source s;
+  SourceFor(w.type, &s);
+  const bool int4 = c.form_ == Form::kInt4;
+  c.offset_ = s.offset;
+  c.out_pad_ = (w.rows + kColumnChunk - 1) / kColumnChunk * kColumnChunk;
+  c.row_bytes_ = static_cast<size_t>(int4 ? c.out_pad_ / 2 : c.out_pad_);
+  c.storage_.resize(c.row_bytes_ * c.in_ + 64);  // every chunk of every row is written below
+  const int64_t n_blocks = c.in_ / kColumnBlock;
+  // Padding outputs: zero scales and mins, so whatever their values they add nothing.
+  c.scales_.assign(static_cast<size_t>(n_blocks * c.out_pad_), 0);
+  if (s.min) c.mins_.assign(c.scales_.size(), 0);
+  uint8_t* values = const_cast<uint8_t*>(c.values());
+  const int64_t n_chunks = c.out_pad_ / kColumnChunk;
+  const size_t chunk_bytes = int4 ? kColumnChunk / 2 : kColumnChunk;
+  std::vector<int> bad(pool.size(), 0);
+  // A chunk of 64 outputs at a time: its rows decoded into (64, in) values, then written out as
+  // 64 (or 32) contiguous bytes of each input's row.
+  pool.ParallelFor(n_chunks, 1, [&](int thread, int64_t begin, int64_t end) {
+    std::vector<uint8_t> u(static_cast<size_t>(kColumnChunk * c.in_), 0);
+    std::vector<float> scale(n_blocks), min(n_blocks), f(c.in_);
+    std::vector<uint8_t> q8(RowBytes(GgmlType::kQ8_0, c.in_));
+    uint8_t stored[kColumnChunk];
+    for (int64_t ch = begin; ch < end; ++ch) {
+      const int64_t rows = std::min<int64_t>(kColumnChunk, c.out_ - ch * kColumnChunk);
+      for (int64_t p = 0; p < rows; ++p) {
+        const int64_t i = ch * kColumnChunk + p;
+        if (!DecodeRow(w, s, i, u.data() + p * c.in_, scale.data(), min.data(), q8, f)) {
+          bad[thread] = 1;
+          return;
+        }
+        for (int64_t b = 0; b < n_blocks; ++b) {
+          const uint16_t sh = FloatToHalf(scale[b]), mh = FloatToHalf(min[b]);
+          if (!std::isfinite(HalfToFloat(sh)) || !std::isfinite(HalfToFloat(mh))) {
+            bad[thread] = 1;
+            return;
+          }
+          c.scales_[b * c.out_pad_ + i] = sh;
+          if (s.min) c.mins_[b * c.out_pad_ + i] = mh;
+        }
+      }
+      for (int64_t j = 0; j < c.in_; ++j) {
+        std::memset(stored, 0, sizeof(stored));
+        for (int64_t p = 0; p < rows; ++p)
+          stored[StoredPos(static_cast<int>(p))] = u[p * c.in_ + j];
+        uint8_t* dst = values + j * c.row_bytes_ + ch * chunk_bytes;
+        if (int4) {
+          for (int t = 0; t < 32; ++t)
+            dst[t] = static_cast<uint8_t>(stored[t] | stored[t + 32] << 4);
+        } else {
+          std::memcpy(dst, stored, kColumnChunk);
+        }
+      }
+    }
+  });
+  if (std::count(bad.begin(), bad.end(), 1) > 0) {
+    // A scale beyond F16 or a quant outside the form: the float form holds any matrix.
+    return Build(pool, w, Isa::kScalar);
+  }
+  return c;
+}
+
+const uint8_t* ColumnWeight::values() const {
+  const uint8_t* p = storage_.data();
+  return p + ((64 - reinterpret_cast<uintptr_t>(p) % 64) % 64);
+}
+
+size_t ColumnWeight::bytes() const {
+  return storage_.size() + 2 * (scales_.size() + mins_.size()) + rows_.data.size();
+}
+
+double ColumnWeight::bytes_per_input() const {
+  if (form_ == Form::kFloat) return static_cast<double>(rows_.view.row_bytes);
+  return static_cast<double>(row_bytes_) +
+         2.0 * out_pad_ * (mins_.empty() ? 1 : 2) / static_cast<double>(kColumnBlock);
+}
+
+void ColumnInput::Reserve(int64_t max_in) {
+  const int64_t blocks = (max_in + kColumnBlock - 1) / kColumnBlock;
+  block_.assign(blocks, 0);
+  begin_.assign(blocks + 1, 0);
+  scale_.assign(blocks, 0.0f);
+  qsum_.assign(blocks, 0);
+  // Each block's slots padded to a multiple of 4.
+  slot_idx_.assign(max_in + 3 * blocks, 0);
+  slot_q_.assign(max_in + 3 * blocks, 0);
+}
+
+void ColumnInput::Set(const int32_t* idx, const float* val, int64_t n) {
+  idx_ = idx;
+  val_ = val;
+  n_ = n;
+  n_blocks_ = 0;
+  int32_t slot = 0;
+  for (int64_t j = 0; j < n;) {
+    const int32_t b = idx[j] / kColumnBlock;
+    int64_t e = j;
+    float amax = 0.0f;
+    while (e < n && idx[e] / kColumnBlock == b) amax = std::max(amax, std::fabs(val[e++]));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    block_[n_blocks_] = b;
+    begin_[n_blocks_] = slot;
+    for (int64_t k = j; k < e; ++k) {
+      const int32_t q = static_cast<int32_t>(std::nearbyint(val[k] * id));
+      slot_idx_[slot] = idx[k];
+      slot_q_[slot++] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    while (slot % 4 != 0) {  // zero entries on the last kept column: read, and worth nothing
+      slot_idx_[slot] = idx[e - 1];
+      slot_q_[slot++] = 0;
+    }
+    scale_[n_blocks_] = d;
+    qsum_[n_blocks_++] = sum;
+    j = e;
+  }
+  begin_[n_blocks_] = slot;
+}
+
+void ColumnSparseAddReference(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1,
+                              float* y) {
+  const uint8_t* values = w.values();
+  const bool int4 = w.form() == ColumnWeight::Form::kInt4;
+  auto u = [&](int32_t j, int64_t i) -> int32_t {
+    const int64_t ch = i / kColumnChunk;
+    const int p = StoredPos(static_cast<int>(i % kColumnChunk));
+    if (!int4) return values[j * w.row_bytes() + ch * kColumnChunk + p];
+    const uint8_t byte = values[j * w.row_bytes() + ch * kColumnChunk / 2 + p % 32];
+    return p < 32 ? byte & 0x0F : byte >> 4;
+  };
+  for (int64_t k = 0; k < x.n_blocks(); ++k) {
+    const uint16_t* scales = w.scales(x.block(k));
+    const uint16_t* mins = w.mins(x.block(k));
+    for (int64_t i = c0; i < c1; ++i) {
+      int32_t acc = 0;
+      for (int32_t s = x.begin(k); s < x.begin(k + 1); ++s) {
+        acc += static_cast<int32_t>(x.slot_q()[s]) * u(x.slot_idx()[s], i);
+      }
+      acc -= w.offset() * x.qsum(k);
+      float v = y[i - c0];
+      v = std::fma(HalfToFloat(scales[i]), static_cast<float>(acc) * x.scale(k), v);
+      if (mins != nullptr) v = std::fma(-HalfToFloat(mins[i]), x.scale(k) * x.qsum(k), v);
+      y[i - c0] = v;
+    }
+  }
+}
+
+void ColumnSparseAdd(Isa isa, const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1,
+                     float* y) {
+  if (c1 <= c0) return;
+  if (w.form() == ColumnWeight::Form::kFloat) {
+    SparseAxpyRows(isa, w.rows(), c0, c1 - c0, x.idx(), x.val(), x.n(), y);
+  } else if (HasIntegerKernel(isa)) {
+    column_sparse_internal::AddVnni(w, x, c0, c1, y);
+  } else {
+    ColumnSparseAddReference(w, x, c0, c1, y);
+  }
+}
+
+}  // namespace thermocline

@@ -1,0 +1,123 @@
+// The column-sparse mat-vec of input-sparse layers: y += W[:, kept] · x[kept] for a weight
+// W: (out, in) whose inputs were thresholded, reading only the kept inputs' columns.
+//
+// Two layouts of W, built once at load:
+//  - the integer one (kInt8, kInt4): W's columns as rows of unsigned integers u, 8 or 4 bits
+//    each, with W's own block scales: in W's orientation, blocks of 32 inputs per output, so
+//      W[i][j] = scale[j / 32][i] · (u[j][i] − offset) − min[j / 32][i].
+//    Q8_0, Q4_0, Q4_1, Q5_x, Q4_K, Q5_K and IQ4 keep their quants exactly (their scales as F16);
+//    Q2_K, Q3_K and Q6_K (scales per 16) are requantized to 8 bits per 32. The kept inputs are
+//    quantized to int8 per block of 32, as the dense path's activations are, so the sums are
+//    integer dot products (vpdpbusd over four kept columns interleaved on the fly).
+//  - the float one (kFloat): W's columns as rows of InputSparseTType, summed by the float axpy
+//    (sparse_ops.h's SparseAxpyRows). For float weights, inputs that are not a multiple of 32,
+//    and CPUs without an integer kernel.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/ops/kernels.h"
+#include "engine/ops/weight_layout.h"
+#include "engine/util/huge_pages.h"
+#include "engine/util/thread_pool.h"
+
+namespace thermocline {
+
+// Outputs per step of the integer kernels: a thread's slice of outputs starts on a multiple.
+constexpr int64_t kColumnChunk = 64;
+// Inputs per block of scales and of the activations' quantization.
+constexpr int64_t kColumnBlock = 32;
+
+class ColumnWeight {
+ public:
+  enum class Form : uint8_t { kFloat, kInt8, kInt4 };
+
+  // W laid out for the column-sparse mat-vec: the integer form when `isa` has its kernel and W's
+  // type and shape allow it, else the float form.
+  static absl::StatusOr<ColumnWeight> Build(ThreadPool& pool, const WeightView& w, Isa isa);
+  // The form Build chooses for w on isa.
+  static Form FormFor(const WeightView& w, Isa isa);
+  // Bytes Build's layout of w takes on isa.
+  static double BytesFor(const WeightView& w, Isa isa);
+
+  Form form() const { return form_; }
+  int64_t in() const { return in_; }
+  int64_t out() const { return out_; }
+  // RAM the layout takes.
+  size_t bytes() const;
+  // Bytes read per kept input (its row and its share of its block's scales).
+  double bytes_per_input() const;
+
+  // Integer form: row j's values (row_bytes() each, outputs permuted within chunks of 64 as the
+  // kernels read them: column_sparse.cc's StoredPos), and block b's scales and mins (F16, out_pad).
+  const uint8_t* values() const;
+  size_t row_bytes() const { return row_bytes_; }
+  int64_t out_pad() const { return out_pad_; }
+  int32_t offset() const { return offset_; }
+  const uint16_t* scales(int64_t b) const { return scales_.data() + b * out_pad_; }
+  const uint16_t* mins(int64_t b) const {
+    return mins_.empty() ? nullptr : mins_.data() + b * out_pad_;
+  }
+  // Float form: W's columns as rows.
+  const WeightView& rows() const { return rows_.view; }
+
+ private:
+  Form form_ = Form::kFloat;
+  int64_t in_ = 0, out_ = 0, out_pad_ = 0;
+  size_t row_bytes_ = 0;
+  int32_t offset_ = 0;
+  HugeBytes storage_;  // values, from a 64-aligned start (values())
+  std::vector<uint16_t> scales_, mins_;
+  OwnedWeight rows_;
+};
+
+// The kept inputs of one input vector, in the forms both layouts read: the (index, value) list,
+// and per block of 32 inputs with a kept entry, the entries quantized to int8 in groups of four
+// (a group is padded with zero entries). Reserved once; Set never allocates.
+class ColumnInput {
+ public:
+  void Reserve(int64_t max_in);
+  // idx ascending (< max_in), val: the kept values. The pointers must outlive the kernels' use.
+  void Set(const int32_t* idx, const float* val, int64_t n);
+
+  int64_t n() const { return n_; }
+  const int32_t* idx() const { return idx_; }
+  const float* val() const { return val_; }
+  // Blocks with a kept entry: block k is input block block(k); its groups' entries are slots
+  // [begin(k), begin(k + 1)), a multiple of 4.
+  int64_t n_blocks() const { return n_blocks_; }
+  int32_t block(int64_t k) const { return block_[k]; }
+  int32_t begin(int64_t k) const { return begin_[k]; }
+  const int32_t* slot_idx() const { return slot_idx_.data(); }
+  const int8_t* slot_q() const { return slot_q_.data(); }
+  // x ≈ scale(k) · q over block k's slots; qsum(k) = Σ q.
+  float scale(int64_t k) const { return scale_[k]; }
+  int32_t qsum(int64_t k) const { return qsum_[k]; }
+
+ private:
+  const int32_t* idx_ = nullptr;
+  const float* val_ = nullptr;
+  int64_t n_ = 0;
+  int64_t n_blocks_ = 0;
+  std::vector<int32_t> block_, begin_, slot_idx_, qsum_;
+  std::vector<int8_t> slot_q_;
+  std::vector<float> scale_;
+};
+
+// y[0, c1 − c0) += Σ over kept j of W[c0 + i][j] · x_j, on the calling thread. c0: a multiple of
+// kColumnChunk; c1 ≤ w.out().
+void ColumnSparseAdd(Isa isa, const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1,
+                     float* y);
+// The integer form's scalar reference (the same integer sums; float order may differ).
+void ColumnSparseAddReference(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1,
+                              float* y);
+
+namespace column_sparse_internal {
+// The AVX-512 VNNI kernel of the integer forms (column_sparse_avx512.cc).
+void AddVnni(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, float* y);
+}  // namespace column_sparse_internal
+
+}  // namespace thermocline
