@@ -77,7 +77,7 @@ bool SourceFor(GgmlType type, Source* s) {
   }
 }
 
-bool HasIntegerKernel(Isa isa) { return isa == Isa::kAvx512Vnni; }
+bool HasIntegerKernel(Isa isa) { return isa != Isa::kScalar; }
 
 // Row i of w as the integer form's u (in values) and its blocks' scales and mins, as floats
 // (scale[b], min[b]). q8: a row of Q8_0 scratch for requantized types. False when a quant does
@@ -321,8 +321,10 @@ void ColumnSparseAdd(Isa isa, const ColumnWeight& w, const ColumnInput& x, int64
   if (c1 <= c0) return;
   if (w.form() == ColumnWeight::Form::kFloat) {
     SparseAxpyRows(isa, w.rows(), c0, c1 - c0, x.idx(), x.val(), x.n(), y);
-  } else if (HasIntegerKernel(isa)) {
+  } else if (isa == Isa::kAvx512Vnni) {
     column_sparse_internal::AddVnni(w, x, c0, c1, y);
+  } else if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
+    column_sparse_internal::AddAvx2(w, x, c0, c1, y);
   } else {
     ColumnSparseAddReference(w, x, c0, c1, y);
   }

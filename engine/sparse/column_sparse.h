@@ -8,10 +8,11 @@
 //    Q8_0, Q4_0, Q4_1, Q5_x, Q4_K, Q5_K and IQ4 keep their quants exactly (their scales as F16);
 //    Q2_K, Q3_K and Q6_K (scales per 16) are requantized to 8 bits per 32. The kept inputs are
 //    quantized to int8 per block of 32, as the dense path's activations are, so the sums are
-//    integer dot products (vpdpbusd over four kept columns interleaved on the fly).
+//    integer dot products (vpdpbusd, or vpmaddubsw on AVX2, over four kept columns interleaved
+//    on the fly).
 //  - the float one (kFloat): W's columns as rows of InputSparseTType, summed by the float axpy
 //    (sparse_ops.h's SparseAxpyRows). For float weights, inputs that are not a multiple of 32,
-//    and CPUs without an integer kernel.
+//    and CPUs without AVX2.
 #pragma once
 
 #include <cstddef>
@@ -116,8 +117,25 @@ void ColumnSparseAddReference(const ColumnWeight& w, const ColumnInput& x, int64
                               float* y);
 
 namespace column_sparse_internal {
-// The AVX-512 VNNI kernel of the integer forms (column_sparse_avx512.cc).
+// The kernels of the integer forms: AVX-512 VNNI (column_sparse_avx512.cc), and AVX2 for the
+// CPUs without VNNI (column_sparse_avx2.cc).
 void AddVnni(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, float* y);
+void AddAvx2(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, float* y);
+
+// The kernels' steps run block by block of x, chunk by chunk of a slice of `chunks` chunks
+// from chunk ch0. A thread reads each kept row in short runs (its slice), which the hardware
+// prefetchers pick up too late, and the next block's rows are new ones: the kernels prefetch
+// the lines of the step kAheadSteps on.
+constexpr int64_t kAheadSteps = 8;
+inline void PrefetchStep(const ColumnWeight& w, const ColumnInput& x, int64_t step, int64_t chunks,
+                         int64_t ch0, size_t chunk_bytes) {
+  const int64_t k = step / chunks;
+  if (k >= x.n_blocks()) return;
+  const size_t at = static_cast<size_t>(ch0 + step % chunks) * chunk_bytes;
+  for (int32_t s = x.begin(k); s < x.begin(k + 1); ++s) {
+    __builtin_prefetch(w.values() + x.slot_idx()[s] * w.row_bytes() + at);
+  }
+}
 }  // namespace column_sparse_internal
 
 }  // namespace thermocline

@@ -33,19 +33,6 @@ inline __m512i LoadChunk(const uint8_t* p) {
   }
 }
 
-// Steps (a block's chunk) ahead that a step prefetches the rows it will read: a block's rows are
-// short streams (a thread's slice of each), which the hardware prefetchers pick up too late, and
-// the next block's rows are new ones. The order of steps is block by block, chunk by chunk.
-constexpr int64_t kAheadSteps = 8;
-
-// The lines at byte `at` of the rows of slots [s0, s1).
-inline void PrefetchStep(const uint8_t* values, size_t row_bytes, const int32_t* slot_idx,
-                         int32_t s0, int32_t s1, size_t at) {
-  for (int32_t s = s0; s < s1; ++s) {
-    _mm_prefetch(reinterpret_cast<const char*>(values + slot_idx[s] * row_bytes + at), _MM_HINT_T0);
-  }
-}
-
 template <bool kInt4, bool kMin>
 void Add(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, float* y) {
   const uint8_t* values = w.values();
@@ -54,9 +41,8 @@ void Add(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, fl
   const int32_t* slot_idx = x.slot_idx();
   const int8_t* slot_q = x.slot_q();
   const int64_t chunks = (c1 - c0 + kColumnChunk - 1) / kColumnChunk;
-  for (int64_t t = 0; t < kAheadSteps && t / chunks < x.n_blocks(); ++t) {
-    PrefetchStep(values, row_bytes, slot_idx, x.begin(t / chunks), x.begin(t / chunks + 1),
-                 static_cast<size_t>(c0 / kColumnChunk + t % chunks) * chunk_bytes);
+  for (int64_t t = 0; t < kAheadSteps; ++t) {
+    PrefetchStep(w, x, t, chunks, c0 / kColumnChunk, chunk_bytes);
   }
   // A block's rows, at the slice's first chunk (at most 32 kept entries: 8 groups).
   const uint8_t* rows[kColumnBlock];
@@ -72,11 +58,8 @@ void Add(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, fl
     const __m512 min_factor = _mm512_set1_ps(x.scale(k) * static_cast<float>(x.qsum(k)));
     for (int64_t c = c0; c < c1; c += kColumnChunk) {
       const size_t at = static_cast<size_t>((c - c0) / kColumnChunk) * chunk_bytes;
-      const int64_t ahead = k * chunks + (c - c0) / kColumnChunk + kAheadSteps;
-      if (const int64_t pk = ahead / chunks; pk < x.n_blocks()) {
-        const size_t pat = static_cast<size_t>(c0 / kColumnChunk + ahead % chunks) * chunk_bytes;
-        PrefetchStep(values, row_bytes, slot_idx, x.begin(pk), x.begin(pk + 1), pat);
-      }
+      PrefetchStep(w, x, k * chunks + (c - c0) / kColumnChunk + kAheadSteps, chunks,
+                   c0 / kColumnChunk, chunk_bytes);
       __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                         _mm512_setzero_si512()};
       for (int32_t g = 0; g < n / 4; ++g) {
