@@ -229,11 +229,6 @@ absl::StatusOr<ColumnWeight> ColumnWeight::Build(ThreadPool& pool, const WeightV
   return c;
 }
 
-const uint8_t* ColumnWeight::values() const {
-  const uint8_t* p = storage_.data();
-  return p + ((64 - reinterpret_cast<uintptr_t>(p) % 64) % 64);
-}
-
 size_t ColumnWeight::bytes() const {
   return storage_.size() + 2 * (scales_.size() + mins_.size()) + rows_.data.size();
 }

@@ -54,7 +54,10 @@ class ColumnWeight {
 
   // Integer form: row j's values (row_bytes() each, outputs permuted within chunks of 64 as the
   // kernels read them: column_sparse.cc's StoredPos), and block b's scales and mins (F16, out_pad).
-  const uint8_t* values() const;
+  const uint8_t* values() const {
+    const uint8_t* p = storage_.data();
+    return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+  }
   size_t row_bytes() const { return row_bytes_; }
   int64_t out_pad() const { return out_pad_; }
   int32_t offset() const { return offset_; }
@@ -117,6 +120,18 @@ void ColumnSparseAddReference(const ColumnWeight& w, const ColumnInput& x, int64
                               float* y);
 
 namespace column_sparse_internal {
+// kernel.template operator()<kInt4, kMin>() for w's form (4-bit or 8-bit) and whether it has
+// mins: the kernels' instantiations, chosen once per call.
+template <class Kernel>
+void ForForm(const ColumnWeight& w, Kernel&& kernel) {
+  const bool min = w.mins(0) != nullptr;
+  if (w.form() == ColumnWeight::Form::kInt4) {
+    min ? kernel.template operator()<true, true>() : kernel.template operator()<true, false>();
+  } else {
+    min ? kernel.template operator()<false, true>() : kernel.template operator()<false, false>();
+  }
+}
+
 // The kernels of the integer forms: AVX-512 VNNI (column_sparse_avx512.cc), and AVX2 for the
 // CPUs without VNNI (column_sparse_avx2.cc).
 void AddVnni(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, float* y);
@@ -127,13 +142,25 @@ void AddAvx2(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1
 // prefetchers pick up too late, and the next block's rows are new ones: the kernels prefetch
 // the lines of the step kAheadSteps on.
 constexpr int64_t kAheadSteps = 8;
+// The lines at byte `at` of the rows of slots [s0, s1). An asm statement: GCC 12 deletes
+// __builtin_prefetch loops of this shape once they are inlined into the kernels.
+inline void PrefetchRows(const uint8_t* values, size_t row_bytes, const int32_t* slot_idx,
+                         int32_t s0, int32_t s1, size_t at) {
+  for (int32_t s = s0; s < s1; ++s) {
+    const uint8_t* line = values + slot_idx[s] * row_bytes + at;
+#if defined(__x86_64__) || defined(__i386__)
+    asm volatile("prefetcht0 %0" : : "m"(*line));
+#else
+    __builtin_prefetch(line);
+#endif
+  }
+}
+// Step `step` of a slice of `chunks` chunks from chunk ch0, prefetched.
 inline void PrefetchStep(const ColumnWeight& w, const ColumnInput& x, int64_t step, int64_t chunks,
                          int64_t ch0, size_t chunk_bytes) {
-  const int64_t k = step / chunks;
-  if (k >= x.n_blocks()) return;
-  const size_t at = static_cast<size_t>(ch0 + step % chunks) * chunk_bytes;
-  for (int32_t s = x.begin(k); s < x.begin(k + 1); ++s) {
-    __builtin_prefetch(w.values() + x.slot_idx()[s] * w.row_bytes() + at);
+  if (const int64_t k = step / chunks; k < x.n_blocks()) {
+    PrefetchRows(w.values(), w.row_bytes(), x.slot_idx(), x.begin(k), x.begin(k + 1),
+                 static_cast<size_t>(ch0 + step % chunks) * chunk_bytes);
   }
 }
 }  // namespace column_sparse_internal

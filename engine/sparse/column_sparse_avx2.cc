@@ -110,13 +110,7 @@ void Add(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, fl
 }  // namespace
 
 void AddAvx2(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, float* y) {
-  const bool int4 = w.form() == ColumnWeight::Form::kInt4;
-  const bool min = w.mins(0) != nullptr;
-  if (int4) {
-    min ? Add<true, true>(w, x, c0, c1, y) : Add<true, false>(w, x, c0, c1, y);
-  } else {
-    min ? Add<false, true>(w, x, c0, c1, y) : Add<false, false>(w, x, c0, c1, y);
-  }
+  ForForm(w, [&]<bool kInt4, bool kMin>() { Add<kInt4, kMin>(w, x, c0, c1, y); });
 }
 
 }  // namespace thermocline::column_sparse_internal
