@@ -283,6 +283,14 @@ void ColumnInput::Set(const int32_t* idx, const float* val, int64_t n) {
   begin_[n_blocks_] = slot;
 }
 
+int64_t ColumnSplit(const int32_t* idx, int64_t n, int part, int parts) {
+  if (part <= 0) return 0;
+  if (part >= parts) return n;
+  int64_t e = n * part / parts;
+  while (e > 0 && e < n && idx[e] / kColumnBlock == idx[e - 1] / kColumnBlock) ++e;
+  return e;
+}
+
 void ColumnSparseAddReference(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1,
                               float* y) {
   const uint8_t* values = w.values();

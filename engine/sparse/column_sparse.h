@@ -111,6 +111,14 @@ class ColumnInput {
   std::vector<float> scale_;
 };
 
+// Where part `part` of `parts` of a kept list idx: (n, ascending) begins, for threads that each
+// take a share of the kept inputs through every output (their sums added after): an even share
+// of the entries, its start moved on to the next block of 32 inputs so that no block is split
+// (a block's int8 quantization then does not depend on the thread count). part == parts: n.
+// Whole rows per thread rather than a slice of every row: a thread then reads each kept row as
+// one run, which the hardware prefetchers follow (docs/sparse.md, "Input-sparse").
+int64_t ColumnSplit(const int32_t* idx, int64_t n, int part, int parts);
+
 // y[0, c1 − c0) += Σ over kept j of W[c0 + i][j] · x_j, on the calling thread. c0: a multiple of
 // kColumnChunk; c1 ≤ w.out().
 void ColumnSparseAdd(Isa isa, const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1,

@@ -356,8 +356,16 @@ SparseFfn::SparseFfn(std::shared_ptr<const SparseWeights> weights, ThreadPool* p
   chunk_out_.assign(max_chunks * h.n_embd, 0.0f);
   in_idx_.resize(h.n_embd);
   in_val_.resize(h.n_embd);
-  in_.Reserve(h.n_embd);
-  for (Lane& lane : lanes_) lane.fired_in.Reserve(h.n_ff);
+  for (Lane& lane : lanes_) {
+    lane.kept_in.Reserve(h.n_embd);
+    lane.fired_in.Reserve(h.n_ff);
+  }
+  bool any_input_sparse = false;
+  for (int l = 0; l < h.n_layer; ++l) any_input_sparse |= weights_->input_sparse(l);
+  if (any_input_sparse) {
+    split_stride_ = std::max(2 * h.n_ff, h.q_dim() + h.kv_dim() + h.v_dim());
+    split_sums_.assign(pool_->size() * split_stride_, 0.0f);
+  }
   ResetStats();
 }
 
@@ -432,6 +440,15 @@ int64_t SparseFfn::KeepInputs(const float* x, int64_t n, float threshold) {
   return m;
 }
 
+void SparseFfn::AddThreadSums(int64_t i0, int64_t i1, float* out) const {
+  const int64_t stride = split_stride_;
+  std::copy(split_sums_.data() + i0, split_sums_.data() + i1, out);
+  for (int t = 1; t < pool_->size(); ++t) {
+    const float* sum = split_sums_.data() + t * stride;
+    for (int64_t i = i0; i < i1; ++i) out[i - i0] += sum[i];
+  }
+}
+
 bool SparseFfn::ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* q, float* k,
                            float* v) {
   if (!weights_->input_sparse(layer) || !TakesFfn(layer, n_tokens)) return false;
@@ -444,21 +461,34 @@ bool SparseFfn::ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* 
     float* out;
     int64_t cols;
   };
+  const int n_threads = pool_->size();
+  const int64_t stride = split_stride_;
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t m = KeepInputs(xn + t * h.n_embd, h.n_embd, threshold);
-    in_.Set(in_idx_.data(), in_val_.data(), m);
     const Part parts[] = {{&y.q_c, q + t * h.q_dim(), h.q_dim()},
                           {&y.k_c, k + t * h.kv_dim(), h.kv_dim()},
                           {&y.v_c, v + t * h.v_dim(), h.v_dim()}};
-    // Each thread a slice of the columns of all three: no partial sums to add.
-    const int n_threads = pool_->size();
+    // Each thread a share of the kept inputs through all three (ColumnSplit), into its own sums.
     pool_->Run([&](int thread) {
+      const int64_t e0 = ColumnSplit(in_idx_.data(), m, thread, n_threads);
+      const int64_t e1 = ColumnSplit(in_idx_.data(), m, thread + 1, n_threads);
+      Lane& lane = lanes_[thread];
+      lane.kept_in.Set(in_idx_.data() + e0, in_val_.data() + e0, e1 - e0);
+      float* sum = split_sums_.data() + thread * stride;
+      for (const Part& p : parts) {
+        std::fill_n(sum, p.cols, 0.0f);
+        ColumnSparseAdd(isa_, *p.w, lane.kept_in, 0, p.cols, sum);
+        sum += p.cols;
+      }
+    });
+    // Then each a slice of the outputs, the threads' sums added in thread order.
+    pool_->Run([&](int thread) {
+      int64_t at = 0;
       for (const Part& p : parts) {
         const int64_t c0 = SliceBound(p.cols, thread, n_threads);
         const int64_t c1 = SliceBound(p.cols, thread + 1, n_threads);
-        if (c1 <= c0) continue;
-        std::fill(p.out + c0, p.out + c1, 0.0f);
-        ColumnSparseAdd(isa_, *p.w, in_, c0, c1, p.out + c0);
+        AddThreadSums(at + c0, at + c1, p.out + c0);
+        at += p.cols;
       }
     });
     stats_.attn_in_tokens += 1;
@@ -474,8 +504,21 @@ void SparseFfn::ForwardTokenInputSparse(int layer, const float* xn, float* out) 
   const SparseWeights::Layer& y = weights_->layer(layer);
   const SparseLayerPlan& p = plan()[layer];
   const int64_t m = KeepInputs(xn, h.n_embd, p.ffn_in_threshold);
-  in_.Set(in_idx_.data(), in_val_.data(), m);
   const int n_threads = pool_->size();
+  const int64_t stride = split_stride_;
+  // Gate and up: each thread a share of the kept inputs through every neuron, into its sums.
+  pool_->Run([&](int thread) {
+    const int64_t e0 = ColumnSplit(in_idx_.data(), m, thread, n_threads);
+    const int64_t e1 = ColumnSplit(in_idx_.data(), m, thread + 1, n_threads);
+    Lane& lane = lanes_[thread];
+    lane.kept_in.Set(in_idx_.data() + e0, in_val_.data() + e0, e1 - e0);
+    float* sum = split_sums_.data() + thread * stride;
+    std::fill_n(sum, 2 * h.n_ff, 0.0f);
+    ColumnSparseAdd(isa_, y.gate_c, lane.kept_in, 0, h.n_ff, sum);
+    ColumnSparseAdd(isa_, y.up_c, lane.kept_in, 0, h.n_ff, sum + h.n_ff);
+  });
+  // Then each a slice of the neurons: the sums added in thread order, the activation, and the
+  // down columns of the neurons that fire into its own partial output.
   pool_->Run([&](int thread) {
     Lane& lane = lanes_[thread];
     const int64_t s0 = SliceBound(h.n_ff, thread, n_threads);
@@ -486,10 +529,8 @@ void SparseFfn::ForwardTokenInputSparse(int layer, const float* xn, float* out) 
     if (w <= 0) return;
     float* g = lane.gate.data();
     float* u = lane.up.data();
-    std::fill_n(g, w, 0.0f);
-    std::fill_n(u, w, 0.0f);
-    ColumnSparseAdd(isa_, y.gate_c, in_, s0, s0 + w, g);
-    ColumnSparseAdd(isa_, y.up_c, in_, s0, s0 + w, u);
+    AddThreadSums(s0, s0 + w, g);
+    AddThreadSums(h.n_ff + s0, h.n_ff + s0 + w, u);
     GatedActivation(h.activation, g, u, w);
     // Below the magnitude threshold: dropped before down reads their rows.
     int32_t* idx = lane.idx.data();

@@ -197,7 +197,8 @@ class SparseFfn : public FfnBackend {
     std::vector<float> gate;                       // (n_ff) compact: gate, then the activation
     std::vector<float> up;                         // (n_ff)
     std::vector<int32_t> seen_predicted, seen_up;  // (n_ff) for observer_: idx before compaction
-    ColumnInput fired_in;                          // input-sparse: this thread's down inputs
+    ColumnInput kept_in;   // input-sparse: this thread's share of the kept inputs (ColumnSplit)
+    ColumnInput fired_in;  // and of down's inputs, its slice of the neurons that fire
     int64_t predicted = 0, up_rows = 0, fired = 0;
     double predictor_s = 0;
   };
@@ -210,9 +211,12 @@ class SparseFfn : public FfnBackend {
   std::vector<ChunkBounds> PlanChunks(bool after_device_part) const;
   void ForwardToken(int layer, const float* xn, float* out);
   // An input-sparse layer's FFN of one token: the entries of xn with |x_i| > ffn_in_threshold
-  // select columns of gate and up, the pool's threads each taking a slice of the neurons
-  // through gate, up, the activation and their down columns into their own sums.
+  // select columns of gate and up, the pool's threads each taking a share of them through every
+  // neuron, then each a slice of the neurons through the activation and their down columns
+  // into their own sums.
   void ForwardTokenInputSparse(int layer, const float* xn, float* out);
+  // out[0, i1 − i0) = Σ over threads, in thread order, of split_sums_[i0, i1).
+  void AddThreadSums(int64_t i0, int64_t i1, float* out) const;
   // The entries of x: (n) with |x_i| > threshold into in_idx_, in_val_; returns how many.
   int64_t KeepInputs(const float* x, int64_t n, float threshold);
   // options.dense_prefill: n tokens (<= max_batch), every neuron, over the copies.
@@ -272,7 +276,9 @@ class SparseFfn : public FfnBackend {
   std::vector<float> prefill_gate_, prefill_up_;  // (max_batch, n_ff) with dense_prefill
   std::vector<int32_t> in_idx_;                   // (n_embd) input-sparse: entries kept
   std::vector<float> in_val_;                     // (n_embd) and their values
-  ColumnInput in_;                                // in_idx_, in_val_ for the column-sparse layouts
+  // Input-sparse: per thread, its sums over its share of the kept inputs (gate | up, or q | k | v).
+  std::vector<float> split_sums_;  // (pool size × split_stride_)
+  int64_t split_stride_ = 0;
   AxpyTokensScratch prefill_axpy_;
   MatMulScratch matmul_scratch_;
   SparseFfnStats stats_;

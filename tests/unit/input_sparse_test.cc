@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <random>
 
 #include "allocation_count.h"
 #include "engine/model/session.h"
@@ -103,6 +104,59 @@ TEST_CASE("an input-sparse engine computes a prompt dense, and decodes without a
 #if THERMOCLINE_COUNT_ALLOCATIONS
   CHECK(testing::AllocationsOfGreedySteps(sparse->session(), 8) == 0);
 #endif
+}
+
+TEST_CASE("input-sparse projections do not depend on the thread count", "[sparse]") {
+  // The threads each take whole blocks of the kept inputs (ColumnSplit) through every output and
+  // add their sums after: the integer sums are the same for any count, the float ones differ
+  // in order only. Same inputs for every count (a whole decode would not do: an entry within a
+  // float rounding of its threshold is kept under one order and dropped under another).
+  const std::string path = TestModelPath("kquants/stories-wide.q4_0.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("stories-wide.q4_0.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  const LlamaHparams& h = model.hparams();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> xn(h.n_embd), x(h.n_embd, 0.0f);
+  for (float& v : xn) v = normal(rng);
+  std::vector<float> base_out, base_qkv;
+  double base_kept = 0, base_fired = 0;
+  for (int threads : {1, 2, 3, 4}) {
+    INFO(threads << " threads");
+    ThreadPool pool(threads);
+    // About half of xn's entries under the threshold, and some of the activations.
+    SparsePlan plan = InputSparsePlan(model, 0.67f);
+    for (SparseLayerPlan& p : plan.layers) p.magnitude_threshold = 0.01f;
+    auto engine = testing::NewEngineSession(model, std::move(plan), pool, EveryToken());
+    SparseFfn& ffn = *engine->sparse();
+    std::vector<float> out(h.n_layer * h.n_embd), qkv;
+    for (int l = 0; l < h.n_layer; ++l) {
+      ffn.Forward(l, x.data(), xn.data(), 1, out.data() + l * h.n_embd);
+      std::vector<float> q(h.q_dim()), k(h.kv_dim()), v(h.v_dim());
+      REQUIRE(ffn.ProjectQkv(l, xn.data(), 1, q.data(), k.data(), v.data()));
+      for (const auto* part : {&q, &k, &v}) qkv.insert(qkv.end(), part->begin(), part->end());
+    }
+    const SparseFfnStats& st = ffn.stats();
+    REQUIRE(st.ffn_in_tokens == h.n_layer);
+    if (threads == 1) {
+      base_out = out;
+      base_qkv = qkv;
+      base_kept = st.ffn_in_kept;
+      base_fired = st.ffn_in_fired;
+      // Some of the activations dropped too (a third of the neurons are the widening's zeros).
+      CHECK(base_fired < 0.6 * h.n_layer * h.n_ff);
+      CHECK(base_fired > 0.3 * h.n_layer * h.n_ff);
+      // Columns were skipped, not all read.
+      CHECK(base_kept < 0.7 * h.n_layer * h.n_embd);
+      CHECK(base_kept > 0.3 * h.n_layer * h.n_embd);
+      continue;
+    }
+    CHECK(st.ffn_in_kept == base_kept);
+    CHECK(st.ffn_in_fired == base_fired);
+    // 1e-5: float sums of at most a few hundred terms per output, in another order.
+    CHECK(MaxRelativeDiff(out.data(), base_out.data(), static_cast<int64_t>(out.size())) <= 1e-5);
+    CHECK(MaxRelativeDiff(qkv.data(), base_qkv.data(), static_cast<int64_t>(qkv.size())) <= 1e-5);
+  }
 }
 
 // Perplexity at each target against dense, the shares of inputs kept, and at 0.3 how many of

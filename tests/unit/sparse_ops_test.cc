@@ -500,6 +500,32 @@ TEST_CASE("input-sparse integer layout: kept inputs quantized per block in group
   CHECK(in.n_blocks() == 0);
 }
 
+TEST_CASE("input-sparse: kept inputs shared out among threads by whole blocks", "[sparse]") {
+  std::mt19937 rng(7);
+  for (int64_t n_in : {31, 64, 300, 2048}) {
+    for (double keep : {0.0, 0.1, 0.5, 1.0}) {
+      std::vector<int32_t> idx;
+      for (int32_t j = 0; j < n_in; ++j) {
+        if (std::uniform_real_distribution<double>(0, 1)(rng) < keep) idx.push_back(j);
+      }
+      const int64_t n = static_cast<int64_t>(idx.size());
+      for (int parts : {1, 2, 3, 5}) {
+        INFO(n_in << " inputs, " << n << " kept, " << parts << " parts");
+        CHECK(ColumnSplit(idx.data(), n, 0, parts) == 0);
+        CHECK(ColumnSplit(idx.data(), n, parts, parts) == n);
+        for (int part = 1; part < parts; ++part) {
+          const int64_t e = ColumnSplit(idx.data(), n, part, parts);
+          CHECK(e >= ColumnSplit(idx.data(), n, part - 1, parts));
+          CHECK(e >= n * part / parts);
+          // Never inside a block, and no further from an even share than one block's entries.
+          if (e > 0 && e < n) CHECK(idx[e] / kColumnBlock != idx[e - 1] / kColumnBlock);
+          CHECK(e - n * part / parts < kColumnBlock);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("interleaving gate and up refuses mismatched matrices", "[sparse]") {
   ThreadPool pool(1);
   const OwnedWeight a = RandomWeight(GgmlType::kQ8_0, 8, 64, 1);
