@@ -146,9 +146,10 @@ void AddVnni(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1
 void AddAvx2(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, float* y);
 
 // The kernels' steps run block by block of x, chunk by chunk of a slice of `chunks` chunks
-// from chunk ch0. A thread reads each kept row in short runs (its slice), which the hardware
-// prefetchers pick up too late, and the next block's rows are new ones: the kernels prefetch
-// the lines of the step kAheadSteps on.
+// from chunk ch0: a block's kept rows are read side by side, one chunk of each per step, and
+// the next block's rows are new ones, which the hardware prefetchers pick up late (the shorter
+// the rows, the more of each is read before they do): the kernels prefetch the lines of the
+// step kAheadSteps on.
 constexpr int64_t kAheadSteps = 8;
 // The lines at byte `at` of the rows of slots [s0, s1). An asm statement: GCC 12 deletes
 // __builtin_prefetch loops of this shape once they are inlined into the kernels.

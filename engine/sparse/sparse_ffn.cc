@@ -65,9 +65,9 @@ absl::StatusOr<SparseWeights::Layer> BuildInputSparseLayer(const LayerWeights& L
   return y;
 }
 
-// Bounds of part `part` of `parts` over [0, n), on multiples of kColumnChunk columns (where the
-// column-sparse kernels start a slice; a multiple of every block a float-form copy has) but for
-// the last.
+// Bounds of part `part` of `parts` over [0, n), on multiples of kColumnChunk (whole blocks of
+// down's inputs when the parts are slices of the neurons, so that their quantization does not
+// depend on the thread count; a multiple of every block a float-form copy has) but for the last.
 int64_t SliceBound(int64_t n, int part, int parts) {
   if (part >= parts) return n;
   return std::min(n, n * part / parts / kColumnChunk * kColumnChunk);
