@@ -440,6 +440,16 @@ int64_t SparseFfn::KeepInputs(const float* x, int64_t n, float threshold) {
   return m;
 }
 
+float* SparseFfn::ShareKeptInputs(int thread, int64_t m, int64_t n) {
+  const int parts = pool_->size();
+  const int64_t e0 = ColumnSplit(in_idx_.data(), m, thread, parts);
+  const int64_t e1 = ColumnSplit(in_idx_.data(), m, thread + 1, parts);
+  lanes_[thread].kept_in.Set(in_idx_.data() + e0, in_val_.data() + e0, e1 - e0);
+  float* sum = split_sums_.data() + thread * split_stride_;
+  std::fill_n(sum, n, 0.0f);
+  return sum;
+}
+
 void SparseFfn::AddThreadSums(int64_t i0, int64_t i1, float* out) const {
   const int64_t stride = split_stride_;
   std::copy(split_sums_.data() + i0, split_sums_.data() + i1, out);
@@ -462,7 +472,6 @@ bool SparseFfn::ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* 
     int64_t cols;
   };
   const int n_threads = pool_->size();
-  const int64_t stride = split_stride_;
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t m = KeepInputs(xn + t * h.n_embd, h.n_embd, threshold);
     const Part parts[] = {{&y.q_c, q + t * h.q_dim(), h.q_dim()},
@@ -470,14 +479,9 @@ bool SparseFfn::ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* 
                           {&y.v_c, v + t * h.v_dim(), h.v_dim()}};
     // Each thread a share of the kept inputs through all three (ColumnSplit), into its own sums.
     pool_->Run([&](int thread) {
-      const int64_t e0 = ColumnSplit(in_idx_.data(), m, thread, n_threads);
-      const int64_t e1 = ColumnSplit(in_idx_.data(), m, thread + 1, n_threads);
-      Lane& lane = lanes_[thread];
-      lane.kept_in.Set(in_idx_.data() + e0, in_val_.data() + e0, e1 - e0);
-      float* sum = split_sums_.data() + thread * stride;
+      float* sum = ShareKeptInputs(thread, m, h.q_dim() + h.kv_dim() + h.v_dim());
       for (const Part& p : parts) {
-        std::fill_n(sum, p.cols, 0.0f);
-        ColumnSparseAdd(isa_, *p.w, lane.kept_in, 0, p.cols, sum);
+        ColumnSparseAdd(isa_, *p.w, lanes_[thread].kept_in, 0, p.cols, sum);
         sum += p.cols;
       }
     });
@@ -505,17 +509,11 @@ void SparseFfn::ForwardTokenInputSparse(int layer, const float* xn, float* out) 
   const SparseLayerPlan& p = plan()[layer];
   const int64_t m = KeepInputs(xn, h.n_embd, p.ffn_in_threshold);
   const int n_threads = pool_->size();
-  const int64_t stride = split_stride_;
   // Gate and up: each thread a share of the kept inputs through every neuron, into its sums.
   pool_->Run([&](int thread) {
-    const int64_t e0 = ColumnSplit(in_idx_.data(), m, thread, n_threads);
-    const int64_t e1 = ColumnSplit(in_idx_.data(), m, thread + 1, n_threads);
-    Lane& lane = lanes_[thread];
-    lane.kept_in.Set(in_idx_.data() + e0, in_val_.data() + e0, e1 - e0);
-    float* sum = split_sums_.data() + thread * stride;
-    std::fill_n(sum, 2 * h.n_ff, 0.0f);
-    ColumnSparseAdd(isa_, y.gate_c, lane.kept_in, 0, h.n_ff, sum);
-    ColumnSparseAdd(isa_, y.up_c, lane.kept_in, 0, h.n_ff, sum + h.n_ff);
+    float* sum = ShareKeptInputs(thread, m, 2 * h.n_ff);
+    ColumnSparseAdd(isa_, y.gate_c, lanes_[thread].kept_in, 0, h.n_ff, sum);
+    ColumnSparseAdd(isa_, y.up_c, lanes_[thread].kept_in, 0, h.n_ff, sum + h.n_ff);
   });
   // Then each a slice of the neurons: the sums added in thread order, the activation, and the
   // down columns of the neurons that fire into its own partial output.

@@ -215,6 +215,9 @@ class SparseFfn : public FfnBackend {
   // neuron, then each a slice of the neurons through the activation and their down columns
   // into their own sums.
   void ForwardTokenInputSparse(int layer, const float* xn, float* out);
+  // Part `thread` of a column-sparse product over the m kept inputs in in_idx_, in_val_: its
+  // share of them (ColumnSplit) into its lane's kept_in, and its sums, n zeroed floats.
+  float* ShareKeptInputs(int thread, int64_t m, int64_t n);
   // out[0, i1 − i0) = Σ over threads, in thread order, of split_sums_[i0, i1).
   void AddThreadSums(int64_t i0, int64_t i1, float* out) const;
   // The entries of x: (n) with |x_i| > threshold into in_idx_, in_val_; returns how many.
