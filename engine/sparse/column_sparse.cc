@@ -19,11 +19,16 @@ namespace {
 using ops_internal::DecodedBlock;
 using ops_internal::DecodeFn;
 
-// Where output p (0..63) of a chunk is stored within the chunk's 64 values. The kernels interleave
-// four rows' chunks bytewise, then wordwise, within each 128-bit lane (unpacklo/hi_epi8, then
-// _epi16): int32 lane q of accumulator m then holds stored position 16 (q / 4) + 4 m + q % 4.
-// Storing output 16 m + q there leaves accumulator m with outputs [16 m, 16 m + 16) in order.
-constexpr int StoredPos(int p) { return 16 * ((p & 15) >> 2) + 4 * (p >> 4) + (p & 3); }
+// Where output p of a chunk is stored within its 64 bytes. The kernels interleave four rows'
+// lines bytewise, then wordwise, within each 128-bit lane L (unpacklo/hi_epi8, then _epi16): int32
+// lane 4 L + q of interleaved vector m (0..3) then holds byte 16 L + 4 m + q of each row.
+//  - 8-bit: that byte holds output 16 m + 4 L + q, which leaves vector m with outputs
+//    [16 m, 16 m + 16) in order.
+//  - 4-bit: its low nibble holds output 32 m + 4 L + q and its high one 32 m + 16 + 4 L + q, so
+//    that vector m's low nibbles are outputs [32 m, 32 m + 16) and its high ones the next 16.
+constexpr int StoredByte8(int p) { return 16 * ((p & 15) >> 2) + 4 * (p >> 4) + (p & 3); }
+constexpr int StoredByte4(int p) { return 16 * ((p & 15) >> 2) + 4 * (p >> 5) + (p & 3); }
+constexpr bool StoredHigh4(int p) { return (p >> 4) & 1; }
 
 // How a type's quants become the integer form: its decoder (null: Q8_0 and Q4_0, read directly;
 // kRequant: via F32 and Q8_0), the form, the offset added to its q, and whether it has mins.
@@ -150,8 +155,8 @@ double ColumnWeight::BytesFor(const WeightView& w, Isa isa) {
   }
   Source s;
   SourceFor(w.type, &s);
-  const double out_pad =
-      static_cast<double>((w.rows + kColumnChunk - 1) / kColumnChunk) * kColumnChunk;
+  const int64_t chunk = form == Form::kInt4 ? kColumnChunk4 : kColumnChunk;
+  const double out_pad = static_cast<double>((w.rows + chunk - 1) / chunk) * chunk;
   const double values = out_pad * (form == Form::kInt4 ? 0.5 : 1.0) * w.cols;
   const double scales = out_pad * (w.cols / kColumnBlock) * 2.0 * (s.min ? 2 : 1);
   return values + scales;
@@ -172,7 +177,8 @@ absl::StatusOr<ColumnWeight> ColumnWeight::Build(ThreadPool& pool, const WeightV
   SourceFor(w.type, &s);
   const bool int4 = c.form_ == Form::kInt4;
   c.offset_ = s.offset;
-  c.out_pad_ = (w.rows + kColumnChunk - 1) / kColumnChunk * kColumnChunk;
+  const int64_t chunk = c.chunk();
+  c.out_pad_ = (w.rows + chunk - 1) / chunk * chunk;
   c.row_bytes_ = static_cast<size_t>(int4 ? c.out_pad_ / 2 : c.out_pad_);
   c.storage_.resize(c.row_bytes_ * c.in_ + 64);  // every chunk of every row is written below
   const int64_t n_blocks = c.in_ / kColumnBlock;
@@ -180,20 +186,18 @@ absl::StatusOr<ColumnWeight> ColumnWeight::Build(ThreadPool& pool, const WeightV
   c.scales_.assign(static_cast<size_t>(n_blocks * c.out_pad_), 0);
   if (s.min) c.mins_.assign(c.scales_.size(), 0);
   uint8_t* values = const_cast<uint8_t*>(c.values());
-  const int64_t n_chunks = c.out_pad_ / kColumnChunk;
-  const size_t chunk_bytes = int4 ? kColumnChunk / 2 : kColumnChunk;
+  const int64_t n_chunks = c.out_pad_ / chunk;
   std::vector<int> bad(pool.size(), 0);
-  // A chunk of 64 outputs at a time: its rows decoded into (64, in) values, then written out as
-  // 64 (or 32) contiguous bytes of each input's row.
+  // A chunk of outputs at a time: its rows decoded into (chunk, in) values, then written out as
+  // the 64 contiguous bytes of each input's row.
   pool.ParallelFor(n_chunks, 1, [&](int thread, int64_t begin, int64_t end) {
-    std::vector<uint8_t> u(static_cast<size_t>(kColumnChunk * c.in_), 0);
+    std::vector<uint8_t> u(static_cast<size_t>(chunk * c.in_), 0);
     std::vector<float> scale(n_blocks), min(n_blocks), f(c.in_);
     std::vector<uint8_t> q8(RowBytes(GgmlType::kQ8_0, c.in_));
-    uint8_t stored[kColumnChunk];
     for (int64_t ch = begin; ch < end; ++ch) {
-      const int64_t rows = std::min<int64_t>(kColumnChunk, c.out_ - ch * kColumnChunk);
+      const int64_t rows = std::min<int64_t>(chunk, c.out_ - ch * chunk);
       for (int64_t p = 0; p < rows; ++p) {
-        const int64_t i = ch * kColumnChunk + p;
+        const int64_t i = ch * chunk + p;
         if (!DecodeRow(w, s, i, u.data() + p * c.in_, scale.data(), min.data(), q8, f)) {
           bad[thread] = 1;
           return;
@@ -209,15 +213,15 @@ absl::StatusOr<ColumnWeight> ColumnWeight::Build(ThreadPool& pool, const WeightV
         }
       }
       for (int64_t j = 0; j < c.in_; ++j) {
-        std::memset(stored, 0, sizeof(stored));
-        for (int64_t p = 0; p < rows; ++p)
-          stored[StoredPos(static_cast<int>(p))] = u[p * c.in_ + j];
-        uint8_t* dst = values + j * c.row_bytes_ + ch * chunk_bytes;
-        if (int4) {
-          for (int t = 0; t < 32; ++t)
-            dst[t] = static_cast<uint8_t>(stored[t] | stored[t + 32] << 4);
-        } else {
-          std::memcpy(dst, stored, kColumnChunk);
+        uint8_t* dst = values + j * c.row_bytes_ + ch * kColumnStepBytes;
+        std::memset(dst, 0, kColumnStepBytes);
+        for (int p = 0; p < rows; ++p) {
+          const uint8_t v = u[p * c.in_ + j];
+          if (int4) {
+            dst[StoredByte4(p)] |= static_cast<uint8_t>(StoredHigh4(p) ? v << 4 : v);
+          } else {
+            dst[StoredByte8(p)] = v;
+          }
         }
       }
     }
@@ -296,11 +300,10 @@ void ColumnSparseAddReference(const ColumnWeight& w, const ColumnInput& x, int64
   const uint8_t* values = w.values();
   const bool int4 = w.form() == ColumnWeight::Form::kInt4;
   auto u = [&](int32_t j, int64_t i) -> int32_t {
-    const int64_t ch = i / kColumnChunk;
-    const int p = StoredPos(static_cast<int>(i % kColumnChunk));
-    if (!int4) return values[j * w.row_bytes() + ch * kColumnChunk + p];
-    const uint8_t byte = values[j * w.row_bytes() + ch * kColumnChunk / 2 + p % 32];
-    return p < 32 ? byte & 0x0F : byte >> 4;
+    const uint8_t* line = values + j * w.row_bytes() + i / w.chunk() * kColumnStepBytes;
+    const int p = static_cast<int>(i % w.chunk());
+    if (!int4) return line[StoredByte8(p)];
+    return StoredHigh4(p) ? line[StoredByte4(p)] >> 4 : line[StoredByte4(p)] & 0x0F;
   };
   for (int64_t k = 0; k < x.n_blocks(); ++k) {
     const uint16_t* scales = w.scales(x.block(k));

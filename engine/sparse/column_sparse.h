@@ -3,7 +3,8 @@
 //
 // Two layouts of W, built once at load:
 //  - the integer one (kInt8, kInt4): W's columns as rows of unsigned integers u, 8 or 4 bits
-//    each, with W's own block scales: in W's orientation, blocks of 32 inputs per output, so
+//    each (64 or 128 outputs per 64-byte line), with W's own block scales: in W's orientation,
+//    blocks of 32 inputs per output, so
 //      W[i][j] = scale[j / 32][i] · (u[j][i] − offset) − min[j / 32][i].
 //    Q8_0, Q4_0, Q4_1, Q5_x, Q4_K, Q5_K and IQ4 keep their quants exactly (their scales as F16);
 //    Q2_K, Q3_K and Q6_K (scales per 16) are requantized to 8 bits per 32. The kept inputs are
@@ -27,8 +28,12 @@
 
 namespace thermocline {
 
-// Outputs per step of the integer kernels: a thread's slice of outputs starts on a multiple.
+// Outputs per step of the integer kernels, which read 64 bytes (a cache line) of each kept row
+// per step: 64 of the 8-bit form, 128 of the 4-bit one. A slice of outputs starts on a multiple
+// of its form's (ColumnWeight::chunk()).
 constexpr int64_t kColumnChunk = 64;
+constexpr int64_t kColumnChunk4 = 128;
+constexpr size_t kColumnStepBytes = 64;
 // Inputs per block of scales and of the activations' quantization.
 constexpr int64_t kColumnBlock = 32;
 
@@ -47,13 +52,15 @@ class ColumnWeight {
   Form form() const { return form_; }
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
+  // Outputs per step of the integer form's kernels (kColumnChunk or kColumnChunk4).
+  int64_t chunk() const { return form_ == Form::kInt4 ? kColumnChunk4 : kColumnChunk; }
   // RAM the layout takes.
   size_t bytes() const;
   // Bytes read per kept input (its row and its share of its block's scales).
   double bytes_per_input() const;
 
-  // Integer form: row j's values (row_bytes() each, outputs permuted within chunks of 64 as the
-  // kernels read them: column_sparse.cc's StoredPos), and block b's scales and mins (F16, out_pad).
+  // Integer form: row j's values (row_bytes() each, outputs permuted within chunks as the kernels
+  // read them: column_sparse.cc's StoredByte), and block b's scales and mins (F16, out_pad).
   const uint8_t* values() const {
     const uint8_t* p = storage_.data();
     return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
@@ -120,7 +127,7 @@ class ColumnInput {
 int64_t ColumnSplit(const int32_t* idx, int64_t n, int part, int parts);
 
 // y[0, c1 − c0) += Σ over kept j of W[c0 + i][j] · x_j, on the calling thread. c0: a multiple of
-// kColumnChunk; c1 ≤ w.out().
+// w.chunk(); c1 ≤ w.out().
 void ColumnSparseAdd(Isa isa, const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1,
                      float* y);
 // The integer form's scalar reference (the same integer sums; float order may differ).
@@ -146,10 +153,10 @@ void AddVnni(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1
 void AddAvx2(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, float* y);
 
 // The kernels' steps run block by block of x, chunk by chunk of a slice of `chunks` chunks
-// from chunk ch0: a block's kept rows are read side by side, one chunk of each per step, and
-// the next block's rows are new ones, which the hardware prefetchers pick up late (the shorter
-// the rows, the more of each is read before they do): the kernels prefetch the lines of the
-// step kAheadSteps on.
+// whose line in each row starts at byte at0: a block's kept rows are read side by side, one line
+// of each per step, and the next block's rows are new ones, which the hardware prefetchers pick
+// up late (the shorter the rows, the more of each is read before they do): the kernels prefetch
+// the lines of the step kAheadSteps on.
 constexpr int64_t kAheadSteps = 8;
 // The lines at byte `at` of the rows of slots [s0, s1). An asm statement: GCC 12 deletes
 // __builtin_prefetch loops of this shape once they are inlined into the kernels.
@@ -164,12 +171,12 @@ inline void PrefetchRows(const uint8_t* values, size_t row_bytes, const int32_t*
 #endif
   }
 }
-// Step `step` of a slice of `chunks` chunks from chunk ch0, prefetched.
+// Step `step` of a slice of `chunks` chunks, prefetched.
 inline void PrefetchStep(const ColumnWeight& w, const ColumnInput& x, int64_t step, int64_t chunks,
-                         int64_t ch0, size_t chunk_bytes) {
+                         size_t at0) {
   if (const int64_t k = step / chunks; k < x.n_blocks()) {
     PrefetchRows(w.values(), w.row_bytes(), x.slot_idx(), x.begin(k), x.begin(k + 1),
-                 static_cast<size_t>(ch0 + step % chunks) * chunk_bytes);
+                 at0 + static_cast<size_t>(step % chunks) * kColumnStepBytes);
   }
 }
 }  // namespace column_sparse_internal

@@ -1,12 +1,18 @@
 // The integer column-sparse kernel on AVX-512 VNNI. Per block of 32 inputs with kept entries and
-// per chunk of 64 outputs: each group of four kept columns' chunks is interleaved bytewise and
-// wordwise, so that every int32 lane holds one output's four weights, and vpdpbusd adds their
-// products with the group's four int8 activations; the block's sum is then scaled into y. The
-// file name gives it the AVX-512 flags (engine/CMakeLists.txt); VNNI by pragma. Called only on
-// CPUs with AVX512_VNNI (ColumnSparseAdd checks).
-#include <immintrin.h>
+// per step (a line of each kept row: 64 outputs of the 8-bit form, 128 of the 4-bit one): each
+// group of four kept rows' lines is interleaved bytewise and wordwise, so that every int32 lane
+// holds one output's four weights (4-bit: two outputs', one per nibble, masked apart), and
+// vpdpbusd adds their products with the group's four int8 activations; the block's sums are then
+// scaled into y. The file name gives it the AVX-512 flags (engine/CMakeLists.txt); VNNI by
+// pragma. Called only on CPUs with AVX512_VNNI (ColumnSparseAdd checks).
 
-#include <cstring>
+// GCC 12 takes the self-initialized _mm512_undefined_ps() inside cvtdq2ps and cvtph2ps for an
+// uninitialized use once they are inlined into the kernel's epilogue; the diagnostic is placed at
+// the header's line, so it is silenced there.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include "engine/sparse/column_sparse.h"
 
@@ -19,78 +25,104 @@
 namespace thermocline::column_sparse_internal {
 namespace {
 
-// A chunk's 64 values of a row: 64 bytes, or 32 bytes of nibbles (low: stored 0..31, high:
-// 32..63) spread over the two halves and masked.
-template <bool kInt4>
-inline __m512i LoadChunk(const uint8_t* p) {
-  if constexpr (kInt4) {
-    const __m512i both =
-        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    return _mm512_and_si512(_mm512_srlv_epi16(both, shift), _mm512_set1_epi8(0x0F));
-  } else {
-    return _mm512_loadu_si512(p);
+inline __m512i Load(const uint8_t* p) { return _mm512_load_si512(p); }
+
+// Where a block's sums go: y over the slice [c0, c1), with the block's scales and mins.
+struct BlockOut {
+  int64_t c0, c1;
+  const uint16_t* scales;
+  const uint16_t* mins;
+  __m512 min_factor;
+  float* y;
+};
+
+// Outputs [o, o + 16) += scale · d · acc (− min · dx · Σq), masked to the slice.
+template <bool kMin>
+inline void Store(const BlockOut& b, __m512i acc, __m512 d, int64_t o) {
+  if (o >= b.c1) return;
+  const __mmask16 mask = b.c1 - o >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (b.c1 - o)) - 1);
+  const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), d);
+  const __m512 sc =
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.scales + o)));
+  float* y = b.y + (o - b.c0);
+  __m512 v = _mm512_fmadd_ps(sc, t, _mm512_maskz_loadu_ps(mask, y));
+  if constexpr (kMin) {
+    const __m512 mn =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.mins + o)));
+    v = _mm512_fnmadd_ps(mn, b.min_factor, v);
   }
+  _mm512_mask_storeu_ps(y, mask, v);
 }
 
 template <bool kInt4, bool kMin>
 void Add(const ColumnWeight& w, const ColumnInput& x, int64_t c0, int64_t c1, float* y) {
+  constexpr int64_t kChunk = kInt4 ? kColumnChunk4 : kColumnChunk;
   const uint8_t* values = w.values();
   const size_t row_bytes = w.row_bytes();
-  const size_t chunk_bytes = kInt4 ? kColumnChunk / 2 : kColumnChunk;
   const int32_t* slot_idx = x.slot_idx();
   const int8_t* slot_q = x.slot_q();
-  const int64_t chunks = (c1 - c0 + kColumnChunk - 1) / kColumnChunk;
-  for (int64_t t = 0; t < kAheadSteps; ++t) {
-    PrefetchStep(w, x, t, chunks, c0 / kColumnChunk, chunk_bytes);
-  }
-  // A block's rows, at the slice's first chunk (at most 32 kept entries: 8 groups).
+  const int64_t chunks = (c1 - c0 + kChunk - 1) / kChunk;
+  const size_t at0 = static_cast<size_t>(c0 / kChunk) * kColumnStepBytes;
+  for (int64_t t = 0; t < kAheadSteps; ++t) PrefetchStep(w, x, t, chunks, at0);
+  const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(static_cast<char>(0xF0));
+  // A block's rows, at the slice's first line (at most 32 kept entries: 8 groups).
   const uint8_t* rows[kColumnBlock];
   for (int64_t k = 0; k < x.n_blocks(); ++k) {
     const uint16_t* scales = w.scales(x.block(k));
     const uint16_t* mins = w.mins(x.block(k));
     const int32_t s0 = x.begin(k), n = x.begin(k + 1) - s0;
-    const size_t at0 = static_cast<size_t>(c0 / kColumnChunk) * chunk_bytes;
     for (int32_t i = 0; i < n; ++i) rows[i] = values + slot_idx[s0 + i] * row_bytes + at0;
     const int32_t* q4 = reinterpret_cast<const int32_t*>(slot_q + s0);
-    const __m512i offset = _mm512_set1_epi32(w.offset() * x.qsum(k));
+    // The sums start at −offset · Σq, so that they end as Σ (u − offset) · q. 4-bit: the high
+    // nibbles are summed as 16 u (masked in place), their sums scaled by 1/16 (exact).
+    const __m512i start = _mm512_set1_epi32(-w.offset() * x.qsum(k));
+    const __m512i start16 = _mm512_set1_epi32(-16 * w.offset() * x.qsum(k));
     const __m512 dx = _mm512_set1_ps(x.scale(k));
+    const __m512 dx16 = _mm512_set1_ps(x.scale(k) / 16.0f);
     const __m512 min_factor = _mm512_set1_ps(x.scale(k) * static_cast<float>(x.qsum(k)));
-    for (int64_t c = c0; c < c1; c += kColumnChunk) {
-      const size_t at = static_cast<size_t>((c - c0) / kColumnChunk) * chunk_bytes;
-      PrefetchStep(w, x, k * chunks + (c - c0) / kColumnChunk + kAheadSteps, chunks,
-                   c0 / kColumnChunk, chunk_bytes);
-      __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
-                        _mm512_setzero_si512()};
+    const BlockOut out{c0, c1, scales, mins, min_factor, y};
+    for (int64_t c = c0; c < c1; c += kChunk) {
+      const size_t at = static_cast<size_t>((c - c0) / kChunk) * kColumnStepBytes;
+      PrefetchStep(w, x, k * chunks + (c - c0) / kChunk + kAheadSteps, chunks, at0);
+      // Separate variables, not an array: GCC keeps them in registers.
+      __m512i a0 = start, a1 = kInt4 ? start16 : start, a2 = start, a3 = a1;
+      __m512i a4 = start, a5 = start16, a6 = start, a7 = start16;
       for (int32_t g = 0; g < n / 4; ++g) {
         const uint8_t* const* r = rows + 4 * g;
-        const __m512i r0 = LoadChunk<kInt4>(r[0] + at), r1 = LoadChunk<kInt4>(r[1] + at);
-        const __m512i r2 = LoadChunk<kInt4>(r[2] + at), r3 = LoadChunk<kInt4>(r[3] + at);
+        const __m512i r0 = Load(r[0] + at), r1 = Load(r[1] + at);
+        const __m512i r2 = Load(r[2] + at), r3 = Load(r[3] + at);
         const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
         const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
+        const __m512i v0 = _mm512_unpacklo_epi16(lo01, lo23);
+        const __m512i v1 = _mm512_unpackhi_epi16(lo01, lo23);
+        const __m512i v2 = _mm512_unpacklo_epi16(hi01, hi23);
+        const __m512i v3 = _mm512_unpackhi_epi16(hi01, hi23);
         const __m512i q = _mm512_set1_epi32(q4[g]);
-        acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_unpacklo_epi16(lo01, lo23), q);
-        acc[1] = _mm512_dpbusd_epi32(acc[1], _mm512_unpackhi_epi16(lo01, lo23), q);
-        acc[2] = _mm512_dpbusd_epi32(acc[2], _mm512_unpacklo_epi16(hi01, hi23), q);
-        acc[3] = _mm512_dpbusd_epi32(acc[3], _mm512_unpackhi_epi16(hi01, hi23), q);
-      }
-      const int64_t left = c1 - c;
-      for (int m = 0; m < 4; ++m) {
-        const int64_t o = c + 16 * m;
-        if (o >= c1) break;
-        const __mmask16 mask =
-            left >= 16 * (m + 1) ? __mmask16(0xFFFF) : __mmask16((1u << (left - 16 * m)) - 1);
-        const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], offset)), dx);
-        const __m512 sc =
-            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + o)));
-        __m512 v = _mm512_maskz_loadu_ps(mask, y + (o - c0));
-        v = _mm512_fmadd_ps(sc, t, v);
-        if constexpr (kMin) {
-          const __m512 mn =
-              _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + o)));
-          v = _mm512_fnmadd_ps(mn, min_factor, v);
+        if constexpr (kInt4) {
+          a0 = _mm512_dpbusd_epi32(a0, _mm512_and_si512(v0, low), q);
+          a1 = _mm512_dpbusd_epi32(a1, _mm512_and_si512(v0, high), q);
+          a2 = _mm512_dpbusd_epi32(a2, _mm512_and_si512(v1, low), q);
+          a3 = _mm512_dpbusd_epi32(a3, _mm512_and_si512(v1, high), q);
+          a4 = _mm512_dpbusd_epi32(a4, _mm512_and_si512(v2, low), q);
+          a5 = _mm512_dpbusd_epi32(a5, _mm512_and_si512(v2, high), q);
+          a6 = _mm512_dpbusd_epi32(a6, _mm512_and_si512(v3, low), q);
+          a7 = _mm512_dpbusd_epi32(a7, _mm512_and_si512(v3, high), q);
+        } else {
+          a0 = _mm512_dpbusd_epi32(a0, v0, q);
+          a1 = _mm512_dpbusd_epi32(a1, v1, q);
+          a2 = _mm512_dpbusd_epi32(a2, v2, q);
+          a3 = _mm512_dpbusd_epi32(a3, v3, q);
         }
-        _mm512_mask_storeu_ps(y + (o - c0), mask, v);
+      }
+      if constexpr (kInt4) {
+        // Vector m's low nibbles: outputs c + 32 m + [0, 16); its high ones the next 16.
+        Store<kMin>(out, a0, dx, c), Store<kMin>(out, a1, dx16, c + 16);
+        Store<kMin>(out, a2, dx, c + 32), Store<kMin>(out, a3, dx16, c + 48);
+        Store<kMin>(out, a4, dx, c + 64), Store<kMin>(out, a5, dx16, c + 80);
+        Store<kMin>(out, a6, dx, c + 96), Store<kMin>(out, a7, dx16, c + 112);
+      } else {
+        Store<kMin>(out, a0, dx, c), Store<kMin>(out, a1, dx, c + 16);
+        Store<kMin>(out, a2, dx, c + 32), Store<kMin>(out, a3, dx, c + 48);
       }
     }
   }

@@ -381,6 +381,11 @@ void CheckIntegerColumns(GgmlType type, int64_t n_out, int64_t n_in, ThreadPool&
   }
   const bool int4 = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ4_K;
   REQUIRE(c->form() == (int4 ? ColumnWeight::Form::kInt4 : ColumnWeight::Form::kInt8));
+  // A step reads one whole line of each row: 128 outputs of 4 bits or 64 of 8.
+  REQUIRE(c->chunk() == (int4 ? 128 : 64));
+  REQUIRE(c->row_bytes() % 64 == 0);
+  REQUIRE(c->out_pad() % c->chunk() == 0);
+  REQUIRE(c->out_pad() >= n_out);
   // Without an integer kernel (scalar only): the float form.
   REQUIRE(ColumnWeight::FormFor(w.view, Isa::kScalar) == ColumnWeight::Form::kFloat);
   const bool exact = type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
@@ -440,18 +445,21 @@ void CheckIntegerColumns(GgmlType type, int64_t n_out, int64_t n_in, ThreadPool&
       REQUIRE(std::fabs(ref[o] - exact_sum) <= bound + 1e-5 * mag);
     }
     for (Isa isa : AvailableIsas()) {
-      std::vector<float> out(n_out + 1, 0.5f);
-      out[n_out] = -1.0f;
-      for (int64_t c0 = 0; c0 < n_out; c0 += kColumnChunk) {
-        const int64_t c1 = std::min<int64_t>(c0 + kColumnChunk, n_out);
-        ColumnSparseAdd(isa, *c, in, c0, c1, out.data() + c0);
-      }
-      REQUIRE(out[n_out] == -1.0f);  // nothing written past the slice
-      for (int64_t o = 0; o < n_out; ++o) {
-        double mag = 0.5;
-        for (size_t k = 0; k < idx.size(); ++k) mag += std::fabs(wf[o * n_in + idx[k]] * x[k]);
-        INFO(IsaName(isa) << " output " << o << " kept " << idx.size());
-        REQUIRE(std::fabs(out[o] - ref[o]) <= 1e-5 * mag);
+      // All outputs in one call, and in slices of one step's outputs (c->chunk()) each.
+      for (const int64_t slice : {n_out, c->chunk()}) {
+        std::vector<float> out(n_out + 1, 0.5f);
+        out[n_out] = -1.0f;
+        for (int64_t c0 = 0; c0 < n_out; c0 += slice) {
+          const int64_t c1 = std::min<int64_t>(c0 + slice, n_out);
+          ColumnSparseAdd(isa, *c, in, c0, c1, out.data() + c0);
+        }
+        REQUIRE(out[n_out] == -1.0f);  // nothing written past the slice
+        for (int64_t o = 0; o < n_out; ++o) {
+          double mag = 0.5;
+          for (size_t k = 0; k < idx.size(); ++k) mag += std::fabs(wf[o * n_in + idx[k]] * x[k]);
+          INFO(IsaName(isa) << " output " << o << " kept " << idx.size() << " slice " << slice);
+          REQUIRE(std::fabs(out[o] - ref[o]) <= 1e-5 * mag);
+        }
       }
     }
   }
@@ -462,6 +470,10 @@ TEST_CASE("input-sparse integer layout: columns and kernels against the weights"
   for (GgmlType type : kTypes) {
     if (!SparseRowsSupported(type)) continue;
     CheckIntegerColumns(type, 200, Cols(type, 96), pool);
+  }
+  // Fewer outputs than one 4-bit step.
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ8_0}) {
+    CheckIntegerColumns(type, 72, Cols(type, 64), pool);
   }
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512Vnni}) {
     if (std::find(AvailableIsas().begin(), AvailableIsas().end(), isa) == AvailableIsas().end()) {
