@@ -163,22 +163,51 @@ double ColumnWeight::BytesFor(const WeightView& w, Isa isa) {
 }
 
 absl::StatusOr<ColumnWeight> ColumnWeight::Build(ThreadPool& pool, const WeightView& w, Isa isa) {
-  ColumnWeight c;
-  c.form_ = FormFor(w, isa);
-  c.in_ = w.cols;
-  c.out_ = w.rows;
-  if (c.form_ == Form::kFloat) {
+  if (FormFor(w, isa) == Form::kFloat) {
+    ColumnWeight c;
+    c.in_ = w.cols;
+    c.out_ = w.rows;
     absl::StatusOr<OwnedWeight> t = TransposeWeightAs(pool, w, InputSparseTType(w));
     if (!t.ok()) return t.status();
     c.rows_ = *std::move(t);
     return c;
   }
+  const WeightView* parts[] = {&w};
+  absl::StatusOr<ColumnWeight> c = BuildStacked(pool, parts, isa);
+  // A scale beyond F16 or a quant outside the form: the float form holds any matrix.
+  if (absl::IsFailedPrecondition(c.status())) return Build(pool, w, Isa::kScalar);
+  return c;
+}
+
+absl::StatusOr<ColumnWeight> ColumnWeight::BuildStacked(ThreadPool& pool,
+                                                        absl::Span<const WeightView* const> parts,
+                                                        Isa isa) {
+  if (parts.empty()) return absl::InvalidArgumentError("no matrices to lay out");
+  const WeightView& w0 = *parts[0];
+  ColumnWeight c;
+  c.form_ = FormFor(w0, isa);
+  c.in_ = w0.cols;
+  // Part p's rows are outputs [first[p], first[p + 1]).
+  std::vector<int64_t> first = {0};
+  for (const WeightView* w : parts) {
+    if (w->type != w0.type || w->layout != w0.layout || w->cols != w0.cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stacked column layout: ", TypeName(w->type), " (", w->rows, ", ", w->cols,
+                       ") after ", TypeName(w0.type), " (", w0.rows, ", ", w0.cols, ")"));
+    }
+    first.push_back(first.back() + w->rows);
+  }
+  c.out_ = first.back();
+  if (c.form_ == Form::kFloat) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(TypeName(w0.type), ": no integer column layout on this CPU"));
+  }
   Source s;
-  SourceFor(w.type, &s);
+  SourceFor(w0.type, &s);
   const bool int4 = c.form_ == Form::kInt4;
   c.offset_ = s.offset;
   const int64_t chunk = c.chunk();
-  c.out_pad_ = (w.rows + chunk - 1) / chunk * chunk;
+  c.out_pad_ = (c.out_ + chunk - 1) / chunk * chunk;
   c.row_bytes_ = static_cast<size_t>(int4 ? c.out_pad_ / 2 : c.out_pad_);
   c.storage_.resize(c.row_bytes_ * c.in_ + 64);  // every chunk of every row is written below
   const int64_t n_blocks = c.in_ / kColumnBlock;
@@ -198,7 +227,10 @@ absl::StatusOr<ColumnWeight> ColumnWeight::Build(ThreadPool& pool, const WeightV
       const int64_t rows = std::min<int64_t>(chunk, c.out_ - ch * chunk);
       for (int64_t p = 0; p < rows; ++p) {
         const int64_t i = ch * chunk + p;
-        if (!DecodeRow(w, s, i, u.data() + p * c.in_, scale.data(), min.data(), q8, f)) {
+        size_t part = 0;
+        while (i >= first[part + 1]) ++part;
+        if (!DecodeRow(*parts[part], s, i - first[part], u.data() + p * c.in_, scale.data(),
+                       min.data(), q8, f)) {
           bad[thread] = 1;
           return;
         }
@@ -227,8 +259,9 @@ absl::StatusOr<ColumnWeight> ColumnWeight::Build(ThreadPool& pool, const WeightV
     }
   });
   if (std::count(bad.begin(), bad.end(), 1) > 0) {
-    // A scale beyond F16 or a quant outside the form: the float form holds any matrix.
-    return Build(pool, w, Isa::kScalar);
+    return absl::FailedPreconditionError(
+        absl::StrCat(TypeName(w0.type), ": a scale beyond F16 or a quant outside the ",
+                     int4 ? "4" : "8", "-bit form"));
   }
   return c;
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/weight_layout.h"
 #include "engine/util/huge_pages.h"
@@ -44,6 +45,14 @@ class ColumnWeight {
   // W laid out for the column-sparse mat-vec: the integer form when `isa` has its kernel and W's
   // type and shape allow it, else the float form.
   static absl::StatusOr<ColumnWeight> Build(ThreadPool& pool, const WeightView& w, Isa isa);
+  // The matrices `parts` (same type and columns) stacked by rows into one integer-form layout:
+  // parts[0]'s outputs first. For projections of the same input (q, k and v): one pass over
+  // the kept rows instead of one per matrix, whose short rows (k and v) cost more per byte.
+  // FailedPrecondition where the integer form does not take them; InvalidArgument where the
+  // parts differ in type, layout or columns.
+  static absl::StatusOr<ColumnWeight> BuildStacked(ThreadPool& pool,
+                                                   absl::Span<const WeightView* const> parts,
+                                                   Isa isa);
   // The form Build chooses for w on isa.
   static Form FormFor(const WeightView& w, Isa isa);
   // Bytes Build's layout of w takes on isa.

@@ -55,9 +55,22 @@ absl::StatusOr<SparseWeights::Layer> BuildInputSparseLayer(const LayerWeights& L
     const WeightView* from;
     ColumnWeight* to;
   };
-  for (const Copy& c :
-       {Copy{&L.wq, &y.q_c}, Copy{&L.wk, &y.k_c}, Copy{&L.wv, &y.v_c}, Copy{&L.ffn_gate, &y.gate_c},
-        Copy{&L.ffn_up, &y.up_c}, Copy{&L.ffn_down, &y.down_c}}) {
+  std::vector<Copy> copies = {Copy{&L.ffn_gate, &y.gate_c}, Copy{&L.ffn_up, &y.up_c},
+                              Copy{&L.ffn_down, &y.down_c}};
+  const WeightView* qkv[] = {&L.wq, &L.wk, &L.wv};
+  absl::StatusOr<ColumnWeight> stacked = absl::FailedPreconditionError("types differ");
+  if (L.wq.type == L.wk.type && L.wq.type == L.wv.type && L.wq.layout == L.wk.layout &&
+      L.wq.layout == L.wv.layout) {
+    stacked = ColumnWeight::BuildStacked(pool, qkv, BestIsa());
+  }
+  if (stacked.ok()) {
+    y.qkv_c = *std::move(stacked);
+  } else if (absl::IsFailedPrecondition(stacked.status())) {
+    copies.insert(copies.begin(), {Copy{&L.wq, &y.q_c}, Copy{&L.wk, &y.k_c}, Copy{&L.wv, &y.v_c}});
+  } else {
+    return stacked.status();
+  }
+  for (const Copy& c : copies) {
     absl::StatusOr<ColumnWeight> t = ColumnWeight::Build(pool, *c.from, BestIsa());
     if (!t.ok()) return t.status();
     *c.to = *std::move(t);
@@ -210,7 +223,8 @@ uint64_t SparseWeights::bytes() const {
   for (const Layer& y : layers_) {
     total += y.gate_rows.data.size() + y.up_rows.data.size() + y.down_t.data.size() +
              y.fc2_t.data.size();
-    for (const ColumnWeight* c : {&y.q_c, &y.k_c, &y.v_c, &y.gate_c, &y.up_c, &y.down_c}) {
+    for (const ColumnWeight* c :
+         {&y.qkv_c, &y.q_c, &y.k_c, &y.v_c, &y.gate_c, &y.up_c, &y.down_c}) {
       total += c->bytes();
     }
   }
@@ -477,9 +491,15 @@ bool SparseFfn::ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* 
     const Part parts[] = {{&y.q_c, q + t * h.q_dim(), h.q_dim()},
                           {&y.k_c, k + t * h.kv_dim(), h.kv_dim()},
                           {&y.v_c, v + t * h.v_dim(), h.v_dim()}};
-    // Each thread a share of the kept inputs through all three (ColumnSplit), into its own sums.
+    // Each thread a share of the kept inputs through all three (ColumnSplit), into its own sums
+    // (q | k | v, as the stacked layout's outputs are).
     pool_->Run([&](int thread) {
-      float* sum = ShareKeptInputs(thread, m, h.q_dim() + h.kv_dim() + h.v_dim());
+      const int64_t n_out = h.q_dim() + h.kv_dim() + h.v_dim();
+      float* sum = ShareKeptInputs(thread, m, n_out);
+      if (y.qkv_c.out() > 0) {
+        ColumnSparseAdd(isa_, y.qkv_c, lanes_[thread].kept_in, 0, n_out, sum);
+        return;
+      }
       for (const Part& p : parts) {
         ColumnSparseAdd(isa_, *p.w, lanes_[thread].kept_in, 0, p.cols, sum);
         sum += p.cols;
@@ -846,8 +866,8 @@ double SparseFfn::SparseBytesPerToken() const {
       for (const WeightView* w : {&L.wq, &L.wk, &L.wv}) {
         bytes -= static_cast<double>(w->row_bytes) * w->rows;
       }
-      bytes += attn_kept *
-                   (y.q_c.bytes_per_input() + y.k_c.bytes_per_input() + y.v_c.bytes_per_input()) +
+      bytes += attn_kept * (y.qkv_c.bytes_per_input() + y.q_c.bytes_per_input() +
+                            y.k_c.bytes_per_input() + y.v_c.bytes_per_input()) +
                ffn_kept * (y.gate_c.bytes_per_input() + y.up_c.bytes_per_input()) +
                ffn_fired * y.down_c.bytes_per_input();
       continue;

@@ -58,8 +58,10 @@ class SparseWeights {
     // Input-sparse layers: q, k, v, gate, up and down laid out for the column-sparse mat-vec
     // (column_sparse.h). Such a layer keeps the model's order (slot s is neuron s), has no
     // device part, no down_t and no gate/up row copies (gate and up view the model's matrices):
-    // its prefill is the session's dense FFN, and its file pages stay mapped.
-    ColumnWeight q_c, k_c, v_c, gate_c, up_c, down_c;
+    // its prefill is the session's dense FFN, and its file pages stay mapped. q, k and v are
+    // one layout, stacked (qkv_c: q's outputs, then k's, then v's) where they share a type and
+    // the integer form takes them; else three (q_c, k_c, v_c).
+    ColumnWeight qkv_c, q_c, k_c, v_c, gate_c, up_c, down_c;
   };
 
   // Checks the plan against the model and builds every layer's copies over `pool`.

@@ -487,6 +487,63 @@ TEST_CASE("input-sparse integer layout: columns and kernels against the weights"
   CHECK(ColumnWeight::FormFor(narrow, Isa::kAvx512Vnni) == ColumnWeight::Form::kFloat);
 }
 
+TEST_CASE("input-sparse stacked layout: q, k and v in one give the three layouts' outputs",
+          "[sparse]") {
+  ThreadPool pool(2);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ6_K}) {
+    INFO(TypeName(type));
+    const int64_t n_in = Cols(type, 96);
+    // Sizes that leave the parts' boundaries inside a step of either form.
+    const OwnedWeight a = RandomWeight(type, 200, n_in, 1), b = RandomWeight(type, 40, n_in, 2),
+                      c = RandomWeight(type, 72, n_in, 3);
+    const WeightView* parts[] = {&a.view, &b.view, &c.view};
+    for (Isa isa : AvailableIsas()) {
+      INFO(IsaName(isa));
+      absl::StatusOr<ColumnWeight> stacked = ColumnWeight::BuildStacked(pool, parts, isa);
+      if (ColumnWeight::FormFor(a.view, isa) == ColumnWeight::Form::kFloat) {
+        REQUIRE(absl::IsFailedPrecondition(stacked.status()));
+        continue;
+      }
+      REQUIRE(stacked.ok());
+      REQUIRE(stacked->out() == 312);
+      std::vector<ColumnWeight> apart;
+      for (const WeightView* w : parts) apart.push_back(*ColumnWeight::Build(pool, *w, isa));
+      ColumnInput in;
+      in.Reserve(n_in);
+      std::mt19937 rng(9);
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      for (const std::vector<int32_t>& idx : ActiveSets(n_in, 23)) {
+        std::vector<float> x(idx.size());
+        for (float& v : x) v = dist(rng);
+        in.Set(idx.data(), x.data(), static_cast<int64_t>(idx.size()));
+        std::vector<float> one(313, 0.25f), three(312, 0.25f);
+        one[312] = -1.0f;
+        ColumnSparseAdd(isa, *stacked, in, 0, 312, one.data());
+        REQUIRE(one[312] == -1.0f);
+        int64_t at = 0;
+        for (const ColumnWeight& w : apart) {
+          ColumnSparseAdd(isa, w, in, 0, w.out(), three.data() + at);
+          at += w.out();
+        }
+        // The same integer sums and the same float steps per output: the same bits.
+        for (int64_t o = 0; o < 312; ++o) {
+          INFO("output " << o << " kept " << idx.size());
+          REQUIRE(one[o] == three[o]);
+        }
+      }
+    }
+  }
+  // Parts that differ are refused.
+  ThreadPool one(1);
+  const OwnedWeight a = RandomWeight(GgmlType::kQ4_0, 64, 64, 1);
+  const OwnedWeight b = RandomWeight(GgmlType::kQ8_0, 64, 64, 2);
+  const OwnedWeight c = RandomWeight(GgmlType::kQ4_0, 64, 96, 3);
+  const WeightView* mixed[] = {&a.view, &b.view};
+  const WeightView* wide[] = {&a.view, &c.view};
+  CHECK(absl::IsInvalidArgument(ColumnWeight::BuildStacked(one, mixed, BestIsa()).status()));
+  CHECK(absl::IsInvalidArgument(ColumnWeight::BuildStacked(one, wide, BestIsa()).status()));
+}
+
 TEST_CASE("input-sparse integer layout: kept inputs quantized per block in groups of 4",
           "[sparse]") {
   ColumnInput in;
