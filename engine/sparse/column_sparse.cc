@@ -221,6 +221,8 @@ absl::StatusOr<ColumnWeight> ColumnWeight::BuildStacked(ThreadPool& pool,
   // the 64 contiguous bytes of each input's row.
   pool.ParallelFor(n_chunks, 1, [&](int thread, int64_t begin, int64_t end) {
     std::vector<uint8_t> u(static_cast<size_t>(chunk * c.in_), 0);
+    constexpr int64_t kTile = 64;
+    std::vector<uint8_t> tile(static_cast<size_t>(chunk * kTile));
     std::vector<float> scale(n_blocks), min(n_blocks), f(c.in_);
     std::vector<uint8_t> q8(RowBytes(GgmlType::kQ8_0, c.in_));
     for (int64_t ch = begin; ch < end; ++ch) {
@@ -244,16 +246,25 @@ absl::StatusOr<ColumnWeight> ColumnWeight::BuildStacked(ThreadPool& pool,
           if (s.min) c.mins_[b * c.out_pad_ + i] = mh;
         }
       }
-      for (int64_t j = 0; j < c.in_; ++j) {
-        uint8_t* dst = values + j * c.row_bytes_ + ch * kColumnStepBytes;
-        std::memset(dst, 0, kColumnStepBytes);
-        for (int p = 0; p < rows; ++p) {
-          const uint8_t v = u[p * c.in_ + j];
-          if (int4) {
-            dst[StoredByte4(p)] |= static_cast<uint8_t>(StoredHigh4(p) ? v << 4 : v);
-          } else {
-            dst[StoredByte8(p)] = v;
+      // In tiles of kTile inputs: the chunk's rows copied out a tile at a time (contiguous
+      // reads), then each input's line gathered from the tile, in L1.
+      for (int64_t j0 = 0; j0 < c.in_; j0 += kTile) {
+        const int64_t n = std::min(kTile, c.in_ - j0);
+        for (int64_t p = 0; p < rows; ++p) {
+          std::memcpy(tile.data() + p * kTile, u.data() + p * c.in_ + j0, n);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          uint8_t line[kColumnStepBytes] = {};
+          for (int p = 0; p < rows; ++p) {
+            const uint8_t v = tile[p * kTile + j];
+            if (int4) {
+              line[StoredByte4(p)] |= static_cast<uint8_t>(StoredHigh4(p) ? v << 4 : v);
+            } else {
+              line[StoredByte8(p)] = v;
+            }
           }
+          std::memcpy(values + (j0 + j) * c.row_bytes_ + ch * kColumnStepBytes, line,
+                      kColumnStepBytes);
         }
       }
     }
