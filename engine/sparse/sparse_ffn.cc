@@ -57,18 +57,14 @@ absl::StatusOr<SparseWeights::Layer> BuildInputSparseLayer(const LayerWeights& L
   };
   std::vector<Copy> copies = {Copy{&L.ffn_gate, &y.gate_c}, Copy{&L.ffn_up, &y.up_c},
                               Copy{&L.ffn_down, &y.down_c}};
+  // q, k and v stacked where BuildStacked takes them (one type, the integer form); else apart,
+  // where Build reports what is wrong with any of them.
   const WeightView* qkv[] = {&L.wq, &L.wk, &L.wv};
-  absl::StatusOr<ColumnWeight> stacked = absl::FailedPreconditionError("types differ");
-  if (L.wq.type == L.wk.type && L.wq.type == L.wv.type && L.wq.layout == L.wk.layout &&
-      L.wq.layout == L.wv.layout) {
-    stacked = ColumnWeight::BuildStacked(pool, qkv, BestIsa());
-  }
-  if (stacked.ok()) {
+  if (absl::StatusOr<ColumnWeight> stacked = ColumnWeight::BuildStacked(pool, qkv, BestIsa());
+      stacked.ok()) {
     y.qkv_c = *std::move(stacked);
-  } else if (absl::IsFailedPrecondition(stacked.status())) {
-    copies.insert(copies.begin(), {Copy{&L.wq, &y.q_c}, Copy{&L.wk, &y.k_c}, Copy{&L.wv, &y.v_c}});
   } else {
-    return stacked.status();
+    copies.insert(copies.begin(), {Copy{&L.wq, &y.q_c}, Copy{&L.wk, &y.k_c}, Copy{&L.wv, &y.v_c}});
   }
   for (const Copy& c : copies) {
     absl::StatusOr<ColumnWeight> t = ColumnWeight::Build(pool, *c.from, BestIsa());
