@@ -12,6 +12,57 @@
 #include "engine/sparse/sparse_ops.h"
 
 namespace thermocline {
+
+void ColumnMatVecOnHost(const gpu::ColumnLayout& c, const float* x, float threshold, float* y) {
+  std::fill_n(y, c.out, 0.0f);
+  auto kept = [threshold](float v) { return std::fabs(v) > threshold && v != 0.0f; };
+  if (c.form == gpu::ColumnLayout::Form::kRows) {
+    std::vector<float> row(c.out);
+    for (int64_t i = 0; i < c.in; ++i) {
+      if (!kept(x[i])) continue;
+      KernelsFor(c.rows.type, Isa::kScalar)->to_float(c.rows.row(i), row.data(), c.out);
+      for (int64_t o = 0; o < c.out; ++o) y[o] += x[i] * row[o];
+    }
+    return;
+  }
+  const bool int4 = c.form == gpu::ColumnLayout::Form::kInt4;
+  std::vector<int32_t> acc(c.out_pad);
+  for (int64_t b = 0; b < c.in / 32; ++b) {
+    float amax = 0.0f;
+    for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {
+      if (kept(x[i])) amax = std::max(amax, std::fabs(x[i]));
+    }
+    if (amax == 0.0f) continue;
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    std::fill(acc.begin(), acc.end(), 0);
+    int32_t qsum = 0;
+    for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {
+      if (!kept(x[i])) continue;
+      const int32_t q = static_cast<int32_t>(std::nearbyint(x[i] * id));
+      qsum += q;
+      const uint8_t* row = c.values + i * c.row_bytes;
+      for (size_t at = 0; at < c.row_bytes; ++at) {
+        const int64_t line = static_cast<int64_t>(at / 64);
+        const int byte = static_cast<int>(at % 64);
+        if (int4) {
+          acc[line * 128 + gpu::OutputOfByte4(byte, false)] += q * (row[at] & 0x0F);
+          acc[line * 128 + gpu::OutputOfByte4(byte, true)] += q * (row[at] >> 4);
+        } else {
+          acc[line * 64 + gpu::OutputOfByte8(byte)] += q * row[at];
+        }
+      }
+    }
+    for (int64_t o = 0; o < c.out; ++o) {
+      const float a = static_cast<float>(acc[o] - c.offset * qsum);
+      y[o] = std::fma(HalfToFloat(c.scales[b * c.out_pad + o]), a * d, y[o]);
+      if (c.mins != nullptr) {
+        y[o] =
+            std::fma(-HalfToFloat(c.mins[b * c.out_pad + o]), d * static_cast<float>(qsum), y[o]);
+      }
+    }
+  }
+}
 namespace {
 
 // Holds a reservation in a budget (the spec's, or one of its own) for the object's life.
@@ -38,8 +89,9 @@ class Reservation {
 class CpuLayers : public gpu::GpuLayers {
  public:
   CpuLayers(const gpu::GpuLayersSpec& spec, std::atomic<int64_t>* calls,
-            std::atomic<int64_t>* resident_calls)
+            std::atomic<int64_t>* resident_calls, std::atomic<int64_t>* input_sparse_tokens)
       : resident_calls_(resident_calls),
+        input_sparse_tokens_(input_sparse_tokens),
         spec_(spec),
         m_(*spec.model),
         h_(spec.model->hparams()),
@@ -79,9 +131,32 @@ class CpuLayers : public gpu::GpuLayers {
       for (int64_t t = 0; t < n; ++t) {
         RmsNorm(x + t * d, L.attn_norm.data(), d, h_.rms_eps, &xb[t * d]);
       }
-      MatMul(pool_, L.wq, xb.data(), n, q.data(), scratch_);
-      MatMul(pool_, L.wk, xb.data(), n, k.data(), scratch_);
-      MatMul(pool_, L.wv, xb.data(), n, v.data(), scratch_);
+      // An input-sparse layer reads its layouts: a decode token (or every token without
+      // dense_prefill) only the columns past its thresholds, a prompt's tokens every column.
+      const bool input_sparse = spec_.input_sparse_on(l);
+      const float off = -1.0f;  // a negative threshold keeps every nonzero entry
+      const bool sparse = n == 1 || !spec_.dense_prefill;
+      if (input_sparse) {
+        const gpu::InputSparseLayer& y = spec_.input_sparse[l];
+        const float th = sparse ? y.attn_in_threshold : off;
+        std::vector<float> qkv(qd + 2 * kvd);
+        for (int64_t t = 0; t < n; ++t) {
+          if (!y.qkv.empty()) {
+            ColumnMatVecOnHost(y.qkv, &xb[t * d], th, qkv.data());
+            std::copy_n(qkv.data(), qd, &q[t * qd]);
+            std::copy_n(qkv.data() + qd, kvd, &k[t * kvd]);
+            std::copy_n(qkv.data() + qd + kvd, kvd, &v[t * kvd]);
+          } else {
+            ColumnMatVecOnHost(y.q, &xb[t * d], th, &q[t * qd]);
+            ColumnMatVecOnHost(y.k, &xb[t * d], th, &k[t * kvd]);
+            ColumnMatVecOnHost(y.v, &xb[t * d], th, &v[t * kvd]);
+          }
+        }
+      } else {
+        MatMul(pool_, L.wq, xb.data(), n, q.data(), scratch_);
+        MatMul(pool_, L.wk, xb.data(), n, k.data(), scratch_);
+        MatMul(pool_, L.wv, xb.data(), n, v.data(), scratch_);
+      }
       float* kc = k_.data() + l * spec_.n_ctx * kvd;
       float* vc = v_.data() + l * spec_.n_ctx * kvd;
       for (int64_t t = 0; t < n; ++t) {
@@ -142,6 +217,16 @@ class CpuLayers : public gpu::GpuLayers {
         // The hybrid layer on a batch (prefill): x and xn "down" to the host FFN, its output
         // back.
         spec_.host_ffn->Forward(static_cast<int>(l), x, xn.data(), n, xb.data());
+      } else if (input_sparse) {
+        const gpu::InputSparseLayer& y = spec_.input_sparse[l];
+        const int64_t f = h_.n_ff;
+        for (int64_t t = 0; t < n; ++t) {
+          ColumnMatVecOnHost(y.gate, &xn[t * d], sparse ? y.ffn_in_threshold : off, &g[t * f]);
+          ColumnMatVecOnHost(y.up, &xn[t * d], sparse ? y.ffn_in_threshold : off, &u[t * f]);
+          GatedActivation(h_.activation, &g[t * f], &u[t * f], f);
+          ColumnMatVecOnHost(y.down, &g[t * f], sparse ? y.magnitude_threshold : off, &xb[t * d]);
+        }
+        input_sparse_tokens_->fetch_add(n);
       } else {
         MatMul(pool_, L.ffn_gate, xn.data(), n, g.data(), scratch_);
         MatMul(pool_, L.ffn_up, xn.data(), n, u.data(), scratch_);
@@ -162,6 +247,7 @@ class CpuLayers : public gpu::GpuLayers {
 
  private:
   std::atomic<int64_t>* resident_calls_;
+  std::atomic<int64_t>* input_sparse_tokens_;
   gpu::GpuLayersSpec spec_;
   const LlamaModel& m_;
   const LlamaHparams& h_;
@@ -372,7 +458,8 @@ absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> CpuStandInDevice::CreateLayers(
       static_cast<int64_t>(spec.layers.size()) != spec.model->hparams().n_layer) {
     return absl::InvalidArgumentError("stand-in layers: a spec of the model's layers");
   }
-  auto layers = std::make_unique<CpuLayers>(spec, &layer_calls_, &resident_calls_);
+  auto layers =
+      std::make_unique<CpuLayers>(spec, &layer_calls_, &resident_calls_, &input_sparse_tokens_);
   if (absl::Status s = layers->Init(); !s.ok()) return s;
   return std::unique_ptr<gpu::GpuLayers>(std::move(layers));
 }

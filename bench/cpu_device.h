@@ -2,9 +2,10 @@
 // plan, its one memory budget and the hybrid split and merge run on any machine. Its whole
 // layers compute attention, the dense FFN (or the host FFN of a hybrid layer) and the head with
 // the CPU's operators and a KV cache of their own; its FFN executor computes the device part of
-// a hybrid layer with the scalar row dots and the axpy reference, in both modes (the resident one: only the
-// host's partial sum crosses back). Both reserve in the spec's budget the bytes
-// the CUDA backend would (gpu::ComputeGpuLayersMemory, the device rows), so a cap refuses here
+// a hybrid layer with the scalar row dots and the axpy reference, in both modes (the resident
+// one: only the host's partial sum crosses back); an input-sparse whole layer reads its column
+// layouts as the CUDA kernel does. Both reserve in the spec's budget the bytes the CUDA backend
+// would (gpu::ComputeGpuLayersMemory, the device rows), so a cap refuses here
 // what it refuses on a GPU. Test and benchmark use only: it is slow and allocates per call.
 #pragma once
 
@@ -15,6 +16,13 @@
 #include "engine/gpu/device.h"
 
 namespace thermocline {
+
+// What the CUDA column-sparse mat-vec (engine/cuda/cuda_kernels.h's ColumnMatVec) computes, on
+// the host, as the stand-in's input-sparse layers run it: y: (c.out) over the inputs with
+// |x_i| > threshold, x_i != 0; per block of 32 inputs the kept entries quantized to int8
+// (d = amax / 127, ties to even) and summed against the integer form's quants in integers, or
+// the kRows form's rows in floats.
+void ColumnMatVecOnHost(const gpu::ColumnLayout& c, const float* x, float threshold, float* y);
 
 class CpuStandInDevice : public gpu::Device {
  public:
@@ -33,12 +41,15 @@ class CpuStandInDevice : public gpu::Device {
   int64_t layer_calls() const { return layer_calls_.load(); }
   int64_t ffn_launches() const { return ffn_launches_.load(); }
   int64_t resident_calls() const { return resident_calls_.load(); }
+  // Token-layers its whole layers ran input-sparse (through their column layouts).
+  int64_t input_sparse_tokens() const { return input_sparse_tokens_.load(); }
 
  private:
   const uint64_t free_bytes_;
   mutable std::atomic<int64_t> layer_calls_{0};
   mutable std::atomic<int64_t> ffn_launches_{0};
   mutable std::atomic<int64_t> resident_calls_{0};
+  mutable std::atomic<int64_t> input_sparse_tokens_{0};
 };
 
 }  // namespace thermocline

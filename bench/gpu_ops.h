@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/gpu/column_layout.h"
 #include "engine/gpu/gpu_memory.h"
 #include "engine/model/hparams.h"
 #include "engine/ops/matmul.h"
@@ -43,6 +44,11 @@ class GpuOps {
   virtual absl::Status SparseAxpy(const WeightView& w_t, absl::Span<const int32_t> table,
                                   absl::Span<const int32_t> active, const float* act,
                                   float* out) = 0;
+  // The column-sparse mat-vec of input-sparse layers over a layout (its arrays on the host):
+  // y: (c.out) = Σ over the inputs with |x_i| > threshold, x_i != 0, of W[:, i] · x_i;
+  // x: (c.in).
+  virtual absl::Status ColumnMatVec(const ColumnLayout& c, const float* x, float threshold,
+                                    float* y) = 0;
   // Compact rows k (ascending) with fc2.row(table[k]) · relu(fc1 · x + b1) + b2[table[k]] >
   // threshold. fc1: (rank, n_embd), fc2: (n_ff, rank).
   virtual absl::StatusOr<std::vector<int32_t>> Predict(const WeightView& fc1,

@@ -4,11 +4,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/gpu_ops.h"
 #include "engine/cuda/cublas_loader.h"
 #include "engine/cuda/cuda_common.h"
 #include "engine/cuda/device_arena.h"
 #include "engine/gpu/gpu_backend.h"
-#include "bench/gpu_ops.h"
 
 namespace thermocline::gpu {
 namespace {
@@ -144,6 +144,23 @@ class CudaOps : public GpuOps {
     cuda::SparseAxpy(*m, *list, static_cast<const float*>(*da), *list + n, n, *partial, *dout,
                      stream_);
     return Download(*dout, out, w_t.cols);
+  }
+
+  absl::Status ColumnMatVec(const ColumnLayout& c, const float* x, float threshold,
+                            float* y) override {
+    DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
+    absl::StatusOr<cuda::DevColumn> d = cuda::UploadColumn(arena, c, "column layout");
+    if (!d.ok()) return d.status();
+    absl::StatusOr<void*> dx = arena.Upload(x, c.in * sizeof(float), "x");
+    absl::StatusOr<float*> partial =
+        arena.AllocateArray<float>(d->grid.splits * c.out, "column partial sums");
+    absl::StatusOr<float*> dy = arena.AllocateArray<float>(c.out, "y");
+    if (!dx.ok() || !partial.ok() || !dy.ok()) {
+      return !dx.ok() ? dx.status() : (!partial.ok() ? partial.status() : dy.status());
+    }
+    cuda::ColumnMatVec(*d, static_cast<const float*>(*dx), threshold, *partial, *dy, stream_);
+    return Download(*dy, y, c.out);
   }
 
   absl::StatusOr<std::vector<int32_t>> Predict(const WeightView& fc1, absl::Span<const float> b1,

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/gpu/column_layout.h"
 #include "engine/ops/device_kernel.h"
 
 namespace thermocline::cuda {
@@ -27,6 +28,19 @@ struct DevMatrix {
   size_t row_bytes = 0;
 };
 
+// A column layout (engine/gpu/column_layout.h) in device memory, with its launch grid.
+struct DevColumn {
+  gpu::ColumnLayout::Form form = gpu::ColumnLayout::Form::kNone;
+  int64_t in = 0, out = 0, out_pad = 0;
+  size_t row_bytes = 0;
+  int32_t offset = 0;
+  const uint8_t* values = nullptr;   // integer forms
+  const uint16_t* scales = nullptr;  // (in / 32, out_pad) F16
+  const uint16_t* mins = nullptr;    // the same, or null
+  DevMatrix rows;                    // kRows: (in, out)
+  gpu::ColumnGrid grid;
+};
+
 // dst: (n / 32) Q8_0 blocks = x: (n) quantized as ggml's quantize_row_q8_0_ref. n % 32 == 0.
 void QuantizeQ8_0(const float* x, int64_t n, void* dst, cudaStream_t s);
 
@@ -43,6 +57,15 @@ int AxpySplits(int64_t max_active);
 // summed in a fixed order (deterministic, no atomics). *count <= max_active.
 void SparseAxpy(const DevMatrix& w_t, const int32_t* rows, const float* act, const int32_t* count,
                 int64_t max_active, float* partial, float* out, cudaStream_t s);
+
+// The column-sparse mat-vec of input-sparse layers: y: (c.out) = Σ over the inputs i with
+// |x_i| > threshold and x_i != 0 of W[:, i] · x_i, reading only those inputs' rows of c. The
+// integer forms quantize each block of 32 inputs' kept entries to int8 as the CPU does
+// (ColumnInput: d = amax / 127, q = round-to-even(x / d)) and sum q · u in integers, so that each
+// block's contribution to an output is the CPU reference's; kRows sums x_i · w in floats. The
+// ranges of c.grid write partial: (c.grid.splits, c.out), then are added in order into y.
+void ColumnMatVec(const DevColumn& c, const float* x, float threshold, float* partial, float* y,
+                  cudaStream_t s);
 
 // out: (w.rows, w.cols) IEEE halves = w dequantized (for cuBLAS prefill products).
 void DequantizeToF16(const DevMatrix& w, void* out, cudaStream_t s);

@@ -6,7 +6,9 @@
 // the mat-vec kernels one at a time (prefill correctness first; no cuBLAS here). Attention reads
 // each token's position from device memory, so a decode step's launches are the same at every
 // position and run as CUDA graphs (cuda_graph.h): whole layers as one graph per range of layers,
-// a resident hybrid layer as one graph for its attention and one for the executor's half.
+// a resident hybrid layer as one graph for its attention and one for the executor's half. An
+// input-sparse layer (spec.input_sparse) holds its q, k, v, gate, up and down as column layouts
+// and reads, per decode token, only the columns of the inputs past its thresholds.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -23,6 +25,7 @@
 namespace thermocline::gpu {
 namespace {
 
+using cuda::DevColumn;
 using cuda::DeviceArena;
 using cuda::DevMatrix;
 using cuda::StreamGraph;
@@ -31,6 +34,10 @@ using cuda::UsesQ8Activations;
 struct DevLayer {
   bool on = false;
   DevMatrix wq, wk, wv, wo, gate, up, down;
+  // Input-sparse: the column layouts (qkv stacked, or q, k, v) and the thresholds.
+  bool input_sparse = false;
+  DevColumn qkv_c, q_c, k_c, v_c, gate_c, up_c, down_c;
+  InputSparseLayer thresholds;       // its layouts' host pointers are not kept
   const float* attn_norm = nullptr;  // (n_embd)
   const float* ffn_norm = nullptr;   // (n_embd)
   void* k_cache = nullptr;           // (n_ctx, kv_dim) of spec.kv_type
@@ -78,10 +85,15 @@ class CudaGpuLayers : public GpuLayers {
   void MatVec(const DevMatrix& m, const float* x, float* y) {
     cuda::MatVec(m, Input(m, x, m.cols), nullptr, nullptr, m.rows, y, stream_);
   }
-  // Token t of the chunk: x_t += attention(norm(x_t)); K, V stored at row d_pos_[t].
-  void Attention(const DevLayer& L, int64_t t);
-  // x_t += FFN(norm(x_t)), dense on the device.
-  void DenseFfn(const DevLayer& L, int64_t t);
+  // y = c's column-sparse mat-vec of x, reading the entries with |x| > threshold.
+  void ColumnMatVec(const DevColumn& c, const float* x, float threshold, float* y) {
+    cuda::ColumnMatVec(c, x, threshold, d_partial_, y, stream_);
+  }
+  // Token t of the chunk: x_t += attention(norm(x_t)); K, V stored at row d_pos_[t]. sparse: an
+  // input-sparse layer reads only the columns past its thresholds (else every column).
+  void Attention(const DevLayer& L, int64_t t, bool sparse);
+  // x_t += FFN(norm(x_t)) on the device: dense, or input-sparse as Attention.
+  void DenseFfn(const DevLayer& L, int64_t t, bool sparse);
   // The FFN of tokens 0..m-1 through spec_.host_ffn: x and xn down, the output back up.
   absl::Status HostFfn(int layer, const DevLayer& L, int64_t m);
   // One decode token through whole layers [first, last) and `tail`, as one graph.
@@ -122,7 +134,8 @@ class CudaGpuLayers : public GpuLayers {
   float *d_x_ = nullptr, *d_rope_ = nullptr, *d_xn_ = nullptr, *d_q_ = nullptr, *d_att_ = nullptr;
   float *d_tmp_ = nullptr, *d_gate_ = nullptr, *d_up_ = nullptr, *d_scores_ = nullptr;
   float *d_logits_ = nullptr, *d_k_ = nullptr, *d_v_ = nullptr;
-  int32_t* d_pos_ = nullptr;  // (batch) the chunk's positions
+  float* d_partial_ = nullptr;  // the column-sparse mat-vec's partial sums (input-sparse layers)
+  int32_t* d_pos_ = nullptr;    // (batch) the chunk's positions
   void* d_xq_ = nullptr;
   // Pinned host buffers: x in and out plus the RoPE table, (batch, n_embd + rope_dim); the host
   // FFN's xn and output, (batch, n_embd) each; logits (n_vocab).
@@ -160,9 +173,12 @@ absl::Status CudaGpuLayers::Init() {
       DevMatrix* d;
       const char* what;
     };
-    std::vector<Item> items = {
-        {&W.wq, &L.wq, "wq"}, {&W.wk, &L.wk, "wk"}, {&W.wv, &L.wv, "wv"}, {&W.wo, &L.wo, "wo"}};
-    if (spec_.host_ffn == nullptr) {
+    L.input_sparse = spec_.input_sparse_on(l);
+    std::vector<Item> items = {{&W.wo, &L.wo, "wo"}};
+    if (!L.input_sparse) {
+      items.insert(items.end(), {{&W.wq, &L.wq, "wq"}, {&W.wk, &L.wk, "wk"}, {&W.wv, &L.wv, "wv"}});
+    }
+    if (spec_.host_ffn == nullptr && !L.input_sparse) {
       items.push_back({&W.ffn_gate, &L.gate, "ffn_gate"});
       items.push_back({&W.ffn_up, &L.up, "ffn_up"});
       items.push_back({&W.ffn_down, &L.down, "ffn_down"});
@@ -171,6 +187,35 @@ absl::Status CudaGpuLayers::Init() {
       absl::StatusOr<DevMatrix> d = cuda::UploadRows(arena_, *it.w, {}, name + it.what);
       if (!d.ok()) return d.status();
       *it.d = *d;
+    }
+    if (L.input_sparse) {
+      const InputSparseLayer& y = spec_.input_sparse[l];
+      struct Column {
+        const ColumnLayout* c;
+        DevColumn* d;
+        const char* what;
+      };
+      for (const Column& c :
+           {Column{&y.qkv, &L.qkv_c, "q|k|v columns"}, Column{&y.q, &L.q_c, "wq columns"},
+            Column{&y.k, &L.k_c, "wk columns"}, Column{&y.v, &L.v_c, "wv columns"},
+            Column{&y.gate, &L.gate_c, "ffn_gate columns"},
+            Column{&y.up, &L.up_c, "ffn_up columns"},
+            Column{&y.down, &L.down_c, "ffn_down columns"}}) {
+        if (c.c->empty()) continue;
+        absl::StatusOr<DevColumn> d = cuda::UploadColumn(arena_, *c.c, name + c.what);
+        if (!d.ok()) return d.status();
+        *c.d = *d;
+      }
+      const bool stacked = !y.qkv.empty();
+      if (stacked ? y.qkv.out != h_.q_dim() + h_.kv_dim() + h_.v_dim()
+                  : (y.q.out != h_.q_dim() || y.k.out != h_.kv_dim() || y.v.out != h_.v_dim()) ||
+                        y.gate.out != h_.n_ff || y.up.out != h_.n_ff || y.down.out != h_.n_embd) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, "input-sparse layouts do not match the model's shapes"));
+      }
+      L.thresholds.attn_in_threshold = y.attn_in_threshold;
+      L.thresholds.ffn_in_threshold = y.ffn_in_threshold;
+      L.thresholds.magnitude_threshold = y.magnitude_threshold;
     }
     absl::StatusOr<void*> an = arena_.Upload(W.attn_norm.data(), h_.n_embd * 4, name + "norm");
     if (!an.ok()) return an.status();
@@ -215,6 +260,12 @@ absl::Status CudaGpuLayers::Init() {
     if (!p.ok()) return p.status();
     *b.p = *p;
   }
+  if (s.column_partial > 0) {
+    absl::StatusOr<float*> partial =
+        arena_.AllocateArray<float>(s.column_partial, "GPU layers scratch (column partial sums)");
+    if (!partial.ok()) return partial.status();
+    d_partial_ = *partial;
+  }
   absl::StatusOr<int32_t*> positions =
       arena_.AllocateArray<int32_t>(s.pos, "GPU layers scratch (positions)");
   if (!positions.ok()) return positions.status();
@@ -244,16 +295,34 @@ absl::Status CudaGpuLayers::Init() {
   return absl::OkStatus();
 }
 
-void CudaGpuLayers::Attention(const DevLayer& L, int64_t t) {
+void CudaGpuLayers::Attention(const DevLayer& L, int64_t t, bool sparse) {
   const int64_t d = h_.n_embd;
   float* x = d_x_ + t * d;
   float* xn = d_xn_ + t * d;
   const float* cs = d_rope_ + t * std::max<int64_t>(h_.rope_dim, 1);
   cuda::RmsNorm(x, L.attn_norm, d, h_.rms_eps, xn, stream_);
   quantized_ = nullptr;
-  MatVec(L.wq, xn, d_q_);
-  MatVec(L.wk, xn, d_k_);
-  MatVec(L.wv, xn, d_v_);
+  if (L.input_sparse) {
+    // A negative threshold keeps every nonzero entry: the dense product.
+    const float threshold = sparse ? L.thresholds.attn_in_threshold : -1.0f;
+    if (L.qkv_c.out > 0) {
+      // q | k | v into the FFN's gate scratch (sized for it), then each to its place.
+      ColumnMatVec(L.qkv_c, xn, threshold, d_gate_);
+      cudaMemcpyAsync(d_q_, d_gate_, h_.q_dim() * 4, cudaMemcpyDeviceToDevice, stream_);
+      cudaMemcpyAsync(d_k_, d_gate_ + h_.q_dim(), h_.kv_dim() * 4, cudaMemcpyDeviceToDevice,
+                      stream_);
+      cudaMemcpyAsync(d_v_, d_gate_ + h_.q_dim() + h_.kv_dim(), h_.v_dim() * 4,
+                      cudaMemcpyDeviceToDevice, stream_);
+    } else {
+      ColumnMatVec(L.q_c, xn, threshold, d_q_);
+      ColumnMatVec(L.k_c, xn, threshold, d_k_);
+      ColumnMatVec(L.v_c, xn, threshold, d_v_);
+    }
+  } else {
+    MatVec(L.wq, xn, d_q_);
+    MatVec(L.wk, xn, d_k_);
+    MatVec(L.wv, xn, d_v_);
+  }
   cuda::Rope(d_q_, h_.n_head, h_.head_dim, h_.rope_dim, cs, stream_);
   cuda::Rope(d_k_, h_.n_head_kv, h_.head_dim, h_.rope_dim, cs, stream_);
   cuda::StoreKv(d_k_, d_v_, L.k_cache, L.v_cache, half_kv_, h_.kv_dim(), d_pos_ + t, stream_);
@@ -264,12 +333,23 @@ void CudaGpuLayers::Attention(const DevLayer& L, int64_t t) {
   cuda::Add(x, d_tmp_, d, stream_);
 }
 
-void CudaGpuLayers::DenseFfn(const DevLayer& L, int64_t t) {
+void CudaGpuLayers::DenseFfn(const DevLayer& L, int64_t t, bool sparse) {
   const int64_t d = h_.n_embd;
   float* x = d_x_ + t * d;
   float* xn = d_xn_ + t * d;
   cuda::RmsNorm(x, L.ffn_norm, d, h_.rms_eps, xn, stream_);
   quantized_ = nullptr;
+  if (L.input_sparse) {
+    const InputSparseLayer& th = L.thresholds;
+    ColumnMatVec(L.gate_c, xn, sparse ? th.ffn_in_threshold : -1.0f, d_gate_);
+    ColumnMatVec(L.up_c, xn, sparse ? th.ffn_in_threshold : -1.0f, d_up_);
+    cuda::GatedActivation(static_cast<int>(h_.activation), d_gate_, d_up_, nullptr, h_.n_ff, -1.0f,
+                          nullptr, stream_);
+    // Down reads the activations past the magnitude threshold.
+    ColumnMatVec(L.down_c, d_gate_, sparse ? th.magnitude_threshold : -1.0f, d_tmp_);
+    cuda::Add(x, d_tmp_, d, stream_);
+    return;
+  }
   MatVec(L.gate, xn, d_gate_);
   MatVec(L.up, xn, d_up_);
   cuda::GatedActivation(static_cast<int>(h_.activation), d_gate_, d_up_, nullptr, h_.n_ff, 0.0f,
@@ -301,8 +381,8 @@ absl::Status CudaGpuLayers::DecodeStep(int64_t first, int64_t last, Tail tail) {
   if (g == nullptr) g = &step_graphs_.emplace_back(StepGraph{first, last, tail, StreamGraph()});
   return g->graph.Run(stream_, [&]() -> absl::Status {
     for (int64_t l = first; l < last; ++l) {
-      Attention(layers_[l], 0);
-      DenseFfn(layers_[l], 0);
+      Attention(layers_[l], 0, /*sparse=*/true);
+      DenseFfn(layers_[l], 0, /*sparse=*/true);
     }
     if (tail == Tail::kLogits) {
       cuda::RmsNorm(d_x_, out_norm_, h_.n_embd, h_.rms_eps, d_xn_, stream_);
@@ -319,7 +399,7 @@ absl::Status CudaGpuLayers::DecodeStep(int64_t first, int64_t last, Tail tail) {
 absl::Status CudaGpuLayers::ResidentLayer(int layer, const DevLayer& L) {
   const int64_t d = h_.n_embd;
   TC_RETURN_IF_ERROR(attention_graphs_[layer].Run(stream_, [&]() -> absl::Status {
-    Attention(L, 0);
+    Attention(L, 0, /*sparse=*/true);
     cuda::RmsNorm(d_x_, L.ffn_norm, d, h_.rms_eps, d_xn_, stream_);
     return LaunchError("the GPU layers' attention");
   }));
@@ -413,13 +493,16 @@ absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64
           return st;
         }
       } else if (spec_.host_ffn != nullptr) {
-        for (int64_t t = 0; t < m; ++t) Attention(L, t);
+        for (int64_t t = 0; t < m; ++t) Attention(L, t, /*sparse=*/true);
         TC_RETURN_IF_ERROR(CheckLaunches("the GPU layers' attention"));
         TC_RETURN_IF_ERROR(HostFfn(static_cast<int>(l), L, m));
       } else {
+        // A batch's tokens (a prompt) through an input-sparse layer: dense unless the spec
+        // asks every token sparse; a single token is a decode step's, sparse.
+        const bool sparse = m == 1 || !spec_.dense_prefill;
         for (int64_t t = 0; t < m; ++t) {
-          Attention(L, t);
-          DenseFfn(L, t);
+          Attention(L, t, sparse);
+          DenseFfn(L, t, sparse);
         }
       }
     }

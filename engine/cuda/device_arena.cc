@@ -72,4 +72,43 @@ absl::StatusOr<DevMatrix> UploadRows(DeviceArena& arena, const WeightView& w,
   return m;
 }
 
+absl::StatusOr<DevColumn> UploadColumn(DeviceArena& arena, const gpu::ColumnLayout& c,
+                                       std::string_view what) {
+  using F = gpu::ColumnLayout::Form;
+  DevColumn d;
+  d.form = c.form;
+  d.in = c.in;
+  d.out = c.out;
+  d.grid = gpu::ColumnGridOf(c);
+  if (c.form == F::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": no column layout"));
+  }
+  if (c.form == F::kRows) {
+    absl::StatusOr<DevMatrix> rows = UploadRows(arena, c.rows, {}, what);
+    if (!rows.ok()) return rows.status();
+    d.rows = *rows;
+    return d;
+  }
+  if (c.in % 32 != 0 || c.row_bytes % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": a column layout of ", c.in,
+                                                   " inputs and ", c.row_bytes, "-byte rows"));
+  }
+  d.out_pad = c.out_pad;
+  d.row_bytes = c.row_bytes;
+  d.offset = c.offset;
+  absl::StatusOr<void*> values = arena.Upload(c.values, c.in * c.row_bytes, what);
+  if (!values.ok()) return values.status();
+  d.values = static_cast<const uint8_t*>(*values);
+  const uint64_t scale_bytes = static_cast<uint64_t>(c.in / 32) * c.out_pad * sizeof(uint16_t);
+  absl::StatusOr<void*> scales = arena.Upload(c.scales, scale_bytes, what);
+  if (!scales.ok()) return scales.status();
+  d.scales = static_cast<const uint16_t*>(*scales);
+  if (c.mins != nullptr) {
+    absl::StatusOr<void*> mins = arena.Upload(c.mins, scale_bytes, what);
+    if (!mins.ok()) return mins.status();
+    d.mins = static_cast<const uint16_t*>(*mins);
+  }
+  return d;
+}
+
 }  // namespace thermocline::cuda

@@ -54,4 +54,9 @@ class DeviceArena {
 absl::StatusOr<DevMatrix> UploadRows(DeviceArena& arena, const WeightView& w,
                                      absl::Span<const int32_t> table, std::string_view what);
 
+// A column layout's arrays copied to the device, with its grid. InvalidArgumentError for an
+// empty layout or a kRows type without kernels.
+absl::StatusOr<DevColumn> UploadColumn(DeviceArena& arena, const gpu::ColumnLayout& c,
+                                       std::string_view what);
+
 }  // namespace thermocline::cuda

@@ -1,5 +1,6 @@
 // Weight-reading kernels: activation quantization, dense and row-sparse mat-vec for every
-// weight type, the axpy form of down over down_t rows, and dequantization for cuBLAS. One warp
+// weight type, the axpy form of down over down_t rows, the column-sparse mat-vec of
+// input-sparse layers, and dequantization for cuBLAS. One warp
 // per output row; Q8_0 and Q4_0 rows are dotted block by block in int8 (dp4a) against Q8_0
 // activations, exactly as engine/ops/kernels_scalar.cc does, with float accumulation; the other
 // quantized types (dequant.cuh) are dequantized 8 elements at a time against F32 activations.
@@ -164,6 +165,107 @@ __global__ void F32ToF16Kernel(const float* x, int64_t n, __half* out) {
   if (i < n) out[i] = __float2half_rn(x[i]);
 }
 
+// The column-sparse mat-vec (ColumnMatVec). Every warp reads one block of 32 inputs at a time:
+// lane k holds input 32 b + k, the warp's ballot the block's kept entries, and the kept rows are
+// walked in order, each thread reading its word (integer forms) or element (kRows) of each.
+__device__ __forceinline__ bool Kept(float x, float threshold) {
+  return fabsf(x) > threshold && x != 0.0f;
+}
+
+// Integer forms: thread t of tile blockIdx.x reads word w = 128 blockIdx.x + t of every kept row:
+// 4 outputs (8-bit) or 8 (4-bit), consecutive within each nibble (column_layout.h's
+// OutputOfByte), and keeps their float sums over the blocks of its range blockIdx.y.
+template <bool kInt4, bool kMin>
+__global__ void ColumnIntKernel(const uint8_t* values, size_t row_bytes, const uint16_t* scales,
+                                const uint16_t* mins, int64_t out_pad, int32_t offset, int64_t in,
+                                int64_t out, const float* x, float threshold,
+                                int64_t blocks_per_split, float* partial) {
+  constexpr int kOut = kInt4 ? 8 : 4;
+  const int64_t word = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool valid = word * 4 < static_cast<int64_t>(row_bytes);
+  const int lane = threadIdx.x % kWarp;
+  // Word w' of its line holds bytes 4w'..4w'+3: outputs base + k (and base + 16 + k, high nibbles).
+  const int64_t line = word / 16;
+  const int byte = static_cast<int>(word % 16) * 4;
+  const int64_t base =
+      kInt4 ? line * 128 + gpu::OutputOfByte4(byte, false) : line * 64 + gpu::OutputOfByte8(byte);
+  auto output = [&](int k) { return base + (k < 4 ? k : 16 + k - 4); };
+  float sum[kOut];
+  for (int k = 0; k < kOut; ++k) sum[k] = 0.0f;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.y) * blocks_per_split;
+  const int64_t b1 = min(b0 + blocks_per_split, in / 32);
+  for (int64_t b = b0; b < b1; ++b) {
+    const float xv = x[b * 32 + lane];
+    const bool keep = Kept(xv, threshold);
+    const unsigned kept = __ballot_sync(0xffffffffu, keep);
+    if (kept == 0) continue;
+    // The kept entries as int8, as the CPU's ColumnInput quantizes them.
+    float amax = keep ? fabsf(xv) : 0.0f;
+    for (int o = kWarp / 2; o > 0; o /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    }
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const int q = keep ? static_cast<int>(rintf(xv * id)) : 0;
+    int qsum = q;
+    for (int o = kWarp / 2; o > 0; o /= 2) qsum += __shfl_xor_sync(0xffffffffu, qsum, o);
+    int acc[kOut];
+    for (int k = 0; k < kOut; ++k) acc[k] = 0;
+    for (unsigned rest = kept; rest != 0; rest &= rest - 1) {
+      const int i = __ffs(rest) - 1;
+      const int qi = __shfl_sync(0xffffffffu, q, i);
+      if (!valid) continue;
+      const uint32_t u =
+          *reinterpret_cast<const uint32_t*>(values + (b * 32 + i) * row_bytes + word * 4);
+      for (int k = 0; k < 4; ++k) {
+        if constexpr (kInt4) {
+          acc[k] += qi * static_cast<int>((u >> (8 * k)) & 0xF);
+          acc[4 + k] += qi * static_cast<int>((u >> (8 * k + 4)) & 0xF);
+        } else {
+          acc[k] += qi * static_cast<int>((u >> (8 * k)) & 0xFF);
+        }
+      }
+    }
+    if (!valid) continue;
+    const uint16_t* sc = scales + b * out_pad;
+    for (int k = 0; k < kOut; ++k) {
+      const int64_t o = output(k);
+      const float a = static_cast<float>(acc[k] - offset * qsum);
+      sum[k] = fmaf(__half2float(__ushort_as_half(sc[o])), a * d, sum[k]);
+      if constexpr (kMin) {
+        sum[k] = fmaf(-__half2float(__ushort_as_half(mins[b * out_pad + o])),
+                      d * static_cast<float>(qsum), sum[k]);
+      }
+    }
+  }
+  if (!valid) return;
+  for (int k = 0; k < kOut; ++k) {
+    if (const int64_t o = output(k); o < out) partial[blockIdx.y * out + o] = sum[k];
+  }
+}
+
+// kRows: thread t of tile blockIdx.x sums output 128 blockIdx.x + t over its range's kept rows.
+template <KType T>
+__global__ void ColumnRowsKernel(const uint8_t* w, size_t row_bytes, int64_t in, int64_t out,
+                                 const float* x, float threshold, int64_t blocks_per_split,
+                                 float* partial) {
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.y) * blocks_per_split;
+  const int64_t b1 = min(b0 + blocks_per_split, (in + 31) / 32);
+  float sum = 0.0f;
+  for (int64_t b = b0; b < b1; ++b) {
+    const float xv = b * 32 + lane < in ? x[b * 32 + lane] : 0.0f;
+    const unsigned kept = __ballot_sync(0xffffffffu, Kept(xv, threshold));
+    for (unsigned rest = kept; rest != 0; rest &= rest - 1) {
+      const int i = __ffs(rest) - 1;
+      const float xi = __shfl_sync(0xffffffffu, xv, i);
+      if (o < out) sum += xi * Element<T>(w + (b * 32 + i) * row_bytes, o);
+    }
+  }
+  if (o < out) partial[blockIdx.y * out + o] = sum;
+}
+
 unsigned Blocks(int64_t n, int per_block) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);
 }
@@ -252,6 +354,34 @@ void SparseAxpy(const DevMatrix& w_t, const int32_t* rows, const float* act, con
                                                         act, count, chunk < 1 ? 1 : chunk, partial);
   });
   SumSlicesKernel<<<Blocks(w_t.cols, 256), 256, 0, s>>>(partial, splits, w_t.cols, out);
+}
+
+void ColumnMatVec(const DevColumn& c, const float* x, float threshold, float* partial, float* y,
+                  cudaStream_t s) {
+  using F = gpu::ColumnLayout::Form;
+  if (c.out <= 0 || c.form == F::kNone) return;
+  const dim3 grid(static_cast<unsigned>(c.grid.tiles), static_cast<unsigned>(c.grid.splits));
+  const int64_t bps = c.grid.blocks_per_split;
+  if (c.form == F::kRows) {
+    Dispatch(c.rows.type, [&](auto t) {
+      ColumnRowsKernel<decltype(t)::value><<<grid, gpu::kColumnThreads, 0, s>>>(
+          c.rows.data, c.rows.row_bytes, c.in, c.out, x, threshold, bps, partial);
+    });
+  } else {
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, gpu::kColumnThreads, 0, s>>>(c.values, c.row_bytes, c.scales, c.mins,
+                                                  c.out_pad, c.offset, c.in, c.out, x, threshold,
+                                                  bps, partial);
+    };
+    const bool int4 = c.form == F::kInt4, min = c.mins != nullptr;
+    if (int4) {
+      min ? launch(ColumnIntKernel<true, true>) : launch(ColumnIntKernel<true, false>);
+    } else {
+      min ? launch(ColumnIntKernel<false, true>) : launch(ColumnIntKernel<false, false>);
+    }
+  }
+  SumSlicesKernel<<<Blocks(c.out, 256), 256, 0, s>>>(partial, static_cast<int>(c.grid.splits),
+                                                     c.out, y);
 }
 
 void DequantizeToF16(const DevMatrix& w, void* out, cudaStream_t s) {

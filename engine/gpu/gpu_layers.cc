@@ -27,6 +27,11 @@ bool HasKernels(const WeightView& w) {
          w.cols % TypeInfo(w.type).block_size == 0;
 }
 
+// The layouts of an input-sparse layer.
+std::vector<const ColumnLayout*> LayoutsOf(const InputSparseLayer& y) {
+  return {&y.qkv, &y.q, &y.k, &y.v, &y.gate, &y.up, &y.down};
+}
+
 }  // namespace
 
 GpuLayersScratch ScratchOf(const GpuLayersSpec& spec) {
@@ -47,6 +52,14 @@ GpuLayersScratch ScratchOf(const GpuLayersSpec& spec) {
   s.pos = b;
   s.xq_bytes = std::max({h.n_embd, h.q_dim(), h.n_ff}) / 32 * 34;
   s.logits = spec.output ? h.n_vocab : 0;
+  for (size_t l = 0; l < spec.layers.size(); ++l) {
+    if (!spec.layers[l] || !spec.input_sparse_on(static_cast<int64_t>(l))) continue;
+    for (const ColumnLayout* c : LayoutsOf(spec.input_sparse[l])) {
+      s.column_partial = std::max(s.column_partial, ColumnGridOf(*c).splits * c->out);
+    }
+    // A stacked q | k | v lands in gate's scratch first.
+    s.gate = std::max(s.gate, h.q_dim() + h.kv_dim() + h.v_dim());
+  }
   return s;
 }
 
@@ -66,16 +79,24 @@ GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec) {
   for (int64_t n : {s.x, s.rope, s.xn, s.q, s.att, s.tmp, s.gate, s.up, s.scores, s.k, s.v}) {
     mem.scratch += Granules(n * sizeof(float));
   }
+  if (s.column_partial > 0) mem.scratch += Granules(s.column_partial * sizeof(float));
   mem.scratch += Granules(s.pos * sizeof(int32_t));
   mem.scratch += Granules(s.xq_bytes);
   const uint64_t norm = Granules(h.n_embd * sizeof(float));
   const uint64_t element = spec.kv_type == KvType::kF16 ? sizeof(uint16_t) : sizeof(float);
   const uint64_t kv = Granules(static_cast<uint64_t>(spec.n_ctx) * h.kv_dim() * element);
-  for (const LayerWeights& L : m.layers()) {
-    uint64_t bytes = 2 * norm + 2 * kv;
-    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo}) bytes += MatrixBytes(*w);
-    if (spec.host_ffn == nullptr) {
-      for (const WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down}) bytes += MatrixBytes(*w);
+  for (int64_t l = 0; l < h.n_layer; ++l) {
+    const LayerWeights& L = m.layers()[l];
+    uint64_t bytes = 2 * norm + 2 * kv + MatrixBytes(L.wo);
+    if (spec.input_sparse_on(l)) {
+      for (const ColumnLayout* c : LayoutsOf(spec.input_sparse[l])) {
+        bytes += ColumnLayoutDeviceBytes(*c);
+      }
+    } else {
+      for (const WeightView* w : {&L.wq, &L.wk, &L.wv}) bytes += MatrixBytes(*w);
+      if (spec.host_ffn == nullptr) {
+        for (const WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down}) bytes += MatrixBytes(*w);
+      }
     }
     mem.layer.push_back(bytes);
   }
@@ -95,12 +116,27 @@ absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text) {
 
 absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t requested,
                                               int64_t n_ctx, int64_t max_batch, uint64_t memory_cap,
-                                              KvType kv_type) {
+                                              KvType kv_type,
+                                              std::vector<InputSparseLayer> input_sparse) {
   const int64_t n_layer = model.hparams().n_layer;
   if (absl::Status s = RequireLlamaLayers(model, "--gpu-layers"); !s.ok()) return s;
+  if (!input_sparse.empty() && static_cast<int64_t>(input_sparse.size()) != n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-layers: ", input_sparse.size(),
+                                                   " input-sparse layer entries for ", n_layer,
+                                                   " layers"));
+  }
   for (int64_t l = 0; l < n_layer; ++l) {
     const LayerWeights& L = model.layers()[l];
-    for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+    std::vector<const WeightView*> matrices = {&L.wo};
+    if (l < static_cast<int64_t>(input_sparse.size()) && input_sparse[l].on()) {
+      // The layouts' float form holds rows of a float type or Q8_0, which the kernels read.
+      for (const ColumnLayout* c : LayoutsOf(input_sparse[l])) {
+        if (c->form == ColumnLayout::Form::kRows) matrices.push_back(&c->rows);
+      }
+    } else {
+      matrices.insert(matrices.end(), {&L.wq, &L.wk, &L.wv, &L.ffn_gate, &L.ffn_up, &L.ffn_down});
+    }
+    for (const WeightView* w : matrices) {
       if (!HasKernels(*w)) {
         return absl::InvalidArgumentError(
             absl::StrCat("--gpu-layers: layer ", l, " has ", TypeName(w->type),
@@ -115,6 +151,7 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
   spec.max_batch = max_batch;
   spec.memory_cap = memory_cap;
   spec.kv_type = kv_type;
+  spec.input_sparse = std::move(input_sparse);
   const GpuLayersMemory mem = ComputeGpuLayersMemory(spec);
   int64_t n = 0;
   if (requested == kAutoLayers) {

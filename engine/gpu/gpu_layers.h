@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/gpu/column_layout.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/gpu/gpu_memory.h"
 #include "engine/gpu/queue.h"
@@ -21,6 +22,17 @@
 #include "engine/model/session.h"
 
 namespace thermocline::gpu {
+
+// An input-sparse layer (docs/sparse.md, "Input-sparse") on the device: q, k and v (one stacked
+// layout, q's outputs then k's then v's, or three), gate, up and down as column layouts, read
+// only at the columns of the input entries past the layer's thresholds. o stays dense.
+struct InputSparseLayer {
+  ColumnLayout qkv, q, k, v, gate, up, down;  // qkv not empty: stacked, and q, k, v empty
+  float attn_in_threshold = 0;    // q/k/v read the entries of the normed input with |x| > this
+  float ffn_in_threshold = 0;     // gate/up likewise, of the FFN's normed input
+  float magnitude_threshold = 0;  // down reads the activations with |act| > this
+  bool on() const { return !gate.empty(); }
+};
 
 struct GpuLayersSpec {
   const LlamaModel* model = nullptr;
@@ -48,6 +60,18 @@ struct GpuLayersSpec {
   // Must outlive the GpuLayers.
   MemoryBudget* budget = nullptr;
   int device = 0;
+  // Empty, or (n_layer): a GPU layer whose entry is on() runs input-sparse (a whole layer only:
+  // host_ffn null), its q, k, v, gate, up and down uploaded as these layouts instead of the
+  // model's matrices; the layouts must outlive the GpuLayers.
+  std::vector<InputSparseLayer> input_sparse;
+  // Tokens of a batch (a prompt) through an input-sparse layer read every column (dense, as the
+  // CPU's dense prefill); false: every token sparse, as perplexity measures it.
+  bool dense_prefill = true;
+  // Whether layer l, when on the GPU, runs input-sparse there.
+  bool input_sparse_on(int64_t l) const {
+    return host_ffn == nullptr && l >= 0 && l < static_cast<int64_t>(input_sparse.size()) &&
+           input_sparse[l].on();
+  }
 };
 
 // Device bytes of a spec, each allocation rounded as MemoryBudget accounts it.
@@ -67,6 +91,9 @@ struct GpuLayersScratch {
   int64_t pos = 0;       // int32 positions of a batch's tokens (attention reads them there)
   int64_t xq_bytes = 0;  // Q8_0 blocks of the longest activation
   int64_t logits = 0;    // 0 without the output head
+  // The input-sparse layers' partial sums (column_layout.h's ColumnGrid): the largest
+  // splits · out of their layouts; 0 without such layers.
+  int64_t column_partial = 0;
 };
 GpuLayersScratch ScratchOf(const GpuLayersSpec& spec);
 
@@ -77,11 +104,13 @@ absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text);
 
 // The -ngl plan: the first n layers on the GPU, n as many as fit under memory_cap with a dense
 // FFN (spec.host_ffn null) when requested == kAutoLayers, else min(requested, n_layer); the
-// output head too when every layer is on the GPU and it fits. ResourceExhaustedError naming the
-// sizes when a requested count does not fit.
+// output head too when every layer is on the GPU and it fits. input_sparse: empty, or (n_layer)
+// as GpuLayersSpec's, the layers it marks sized by their layouts. ResourceExhaustedError naming
+// the sizes when a requested count does not fit.
 absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t requested,
                                               int64_t n_ctx, int64_t max_batch, uint64_t memory_cap,
-                                              KvType kv_type);
+                                              KvType kv_type,
+                                              std::vector<InputSparseLayer> input_sparse = {});
 
 // A spec's layers on the device, as a Session layer backend; per session (it holds the KV cache
 // of its layers). UnavailableError without a CUDA device, ResourceExhaustedError past the cap,

@@ -149,14 +149,27 @@ absl::Status Engine::PlanDevice() {
   placement_.gpu_cap = cap;
   const LlamaHparams& h = model_.hparams();
 
-  if (options_.gpu_layers != kNoGpuLayers || !plan_.has_value()) {
-    // Whole layers, dense, the first ones (-ngl); the sparse FFN (if any) runs the CPU layers.
+  // An input-sparse plan has no neurons to place: its layers go whole, input-sparse there too.
+  std::vector<gpu::InputSparseLayer> input_sparse =
+      weights_ != nullptr ? DeviceInputSparse(*weights_) : std::vector<gpu::InputSparseLayer>();
+  const bool placed =
+      experts_ != nullptr ||
+      (plan_.has_value() &&
+       (!plan_->attention_gpu.empty() ||
+        std::any_of(weights_->plan().begin(), weights_->plan().end(),
+                    [](const SparseLayerPlan& p) { return !p.device_neurons.empty(); })));
+  if (options_.gpu_layers != kNoGpuLayers || !plan_.has_value() ||
+      (!input_sparse.empty() && !placed)) {
+    // Whole layers, the first ones (-ngl), dense or input-sparse as the plan's layers are; the
+    // sparse FFN (if any) runs the CPU layers.
     const int64_t requested =
         options_.gpu_layers == kNoGpuLayers ? gpu::kAutoLayers : options_.gpu_layers;
     if (requested == 0) return absl::OkStatus();
     absl::StatusOr<gpu::GpuLayersSpec> spec =
-        gpu::PlanWholeLayers(model_, requested, n_ctx_, options_.max_batch, cap, options_.kv_type);
+        gpu::PlanWholeLayers(model_, requested, n_ctx_, options_.max_batch, cap, options_.kv_type,
+                             std::move(input_sparse));
     if (!spec.ok()) return spec.status();
+    spec->dense_prefill = options_.dense_prefill;
     const int64_t n = CountOn(spec->layers);
     if (n == 0) {
       if (placement_.note.empty()) {
@@ -169,6 +182,11 @@ absl::Status Engine::PlanDevice() {
     use_device_ = true;
     placement_.device = info->name;
     placement_.gpu_layers = n;
+    for (int64_t l = 0; l < h.n_layer; ++l) {
+      if (layers_spec_.layers[l] && layers_spec_.input_sparse_on(l)) {
+        ++placement_.gpu_input_sparse_layers;
+      }
+    }
     placement_.output_gpu = layers_spec_.output;
     placement_.gpu_bytes = gpu::ComputeGpuLayersMemory(layers_spec_).Total(layers_spec_);
     return absl::OkStatus();
@@ -343,6 +361,7 @@ absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
     s->session_->set_layer_backend(s->layers_.get());
     p.device = placement_.device;
     p.gpu_layers = s->layers_->n_gpu_layers();
+    p.gpu_input_sparse_layers = placement_.gpu_input_sparse_layers;
     p.output_gpu = s->layers_->output_on_gpu();
     p.gpu_bytes = s->layers_->device_bytes();
     return absl::OkStatus();
@@ -440,6 +459,9 @@ std::string DescribePlacement(const EnginePlacement& p) {
                        " experts (the rest, the router and attention on the CPU)");
   } else if (p.gpu_layers > 0) {
     out = absl::StrCat(p.gpu_layers, "/", p.n_layer, " whole layers",
+                       p.gpu_input_sparse_layers > 0
+                           ? absl::StrCat(" (", p.gpu_input_sparse_layers, " input-sparse)")
+                           : "",
                        p.output_gpu ? " and the output head" : "", " on ", p.device);
   } else {
     out = absl::StrCat("hybrid on ", p.device, ": ", p.attention_gpu_layers, "/", p.n_layer,

@@ -277,6 +277,36 @@ absl::StatusOr<ColumnWeight> ColumnWeight::BuildStacked(ThreadPool& pool,
   return c;
 }
 
+// The device reads the integer form's lines through the inverse of StoredByte8 / StoredByte4.
+static_assert([] {
+  for (int p = 0; p < 128; ++p) {
+    if (p < 64 && gpu::OutputOfByte8(StoredByte8(p)) != p) return false;
+    if (gpu::OutputOfByte4(StoredByte4(p), StoredHigh4(p)) != p) return false;
+  }
+  return true;
+}());
+
+gpu::ColumnLayout ColumnWeight::layout() const {
+  using F = gpu::ColumnLayout::Form;
+  gpu::ColumnLayout c;
+  if (in_ == 0 || out_ == 0) return c;
+  c.in = in_;
+  c.out = out_;
+  if (form_ == Form::kFloat) {
+    c.form = F::kRows;
+    c.rows = rows_.view;
+    return c;
+  }
+  c.form = form_ == Form::kInt4 ? F::kInt4 : F::kInt8;
+  c.out_pad = out_pad_;
+  c.row_bytes = row_bytes_;
+  c.offset = offset_;
+  c.values = values();
+  c.scales = scales_.data();
+  c.mins = mins_.empty() ? nullptr : mins_.data();
+  return c;
+}
+
 size_t ColumnWeight::bytes() const {
   return storage_.size() + 2 * (scales_.size() + mins_.size()) + rows_.data.size();
 }

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/gpu/column_layout.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/weight_layout.h"
 #include "engine/util/huge_pages.h"
@@ -83,6 +84,9 @@ class ColumnWeight {
   }
   // Float form: W's columns as rows.
   const WeightView& rows() const { return rows_.view; }
+  // The layout as the device uploads it (engine/gpu/column_layout.h); an empty one for a
+  // default-constructed ColumnWeight. Its pointers are this object's.
+  gpu::ColumnLayout layout() const;
 
  private:
   Form form_ = Form::kFloat;

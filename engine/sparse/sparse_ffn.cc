@@ -439,6 +439,29 @@ bool SparseFfn::TakesFfn(int layer, int64_t n_tokens) const {
   return !(weights_->input_sparse(layer) && n_tokens > 1 && options_.dense_prefill);
 }
 
+std::vector<gpu::InputSparseLayer> DeviceInputSparse(const SparseWeights& weights) {
+  std::vector<gpu::InputSparseLayer> out;
+  const int n_layer = static_cast<int>(weights.plan().size());
+  for (int l = 0; l < n_layer; ++l) {
+    if (!weights.input_sparse(l)) continue;
+    out.resize(n_layer);
+    const SparseWeights::Layer& y = weights.layer(l);
+    const SparseLayerPlan& p = weights.plan()[l];
+    gpu::InputSparseLayer& d = out[l];
+    d.qkv = y.qkv_c.layout();
+    d.q = y.q_c.layout();
+    d.k = y.k_c.layout();
+    d.v = y.v_c.layout();
+    d.gate = y.gate_c.layout();
+    d.up = y.up_c.layout();
+    d.down = y.down_c.layout();
+    d.attn_in_threshold = p.attn_in_threshold;
+    d.ffn_in_threshold = p.ffn_in_threshold;
+    d.magnitude_threshold = p.magnitude_threshold;
+  }
+  return out;
+}
+
 int64_t SparseFfn::KeepInputs(const float* x, int64_t n, float threshold) {
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i) {

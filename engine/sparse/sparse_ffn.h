@@ -88,6 +88,11 @@ class SparseWeights {
   uint64_t released_file_bytes_ = 0;
 };
 
+// The input-sparse layers of `weights` as whole GPU layers take them (gpu_layers.h): empty
+// without any, else (n_layer), each input-sparse layer's layouts and thresholds. The layouts
+// are weights'.
+std::vector<gpu::InputSparseLayer> DeviceInputSparse(const SparseWeights& weights);
+
 struct SparseFfnOptions {
   bool oracle = false;  // exact active set from dense gate/up instead of the predictor
   // n_tokens > 1 (up to max_batch) computed exactly (every neuron) over the copies: gate and up

@@ -1,0 +1,293 @@
+// Input-sparse layers on the device (whole GPU layers, docs/sparse.md "Input-sparse"): the
+// column-sparse mat-vec the device runs, against the CPU's reference, for every layout form; the
+// device memory an input-sparse layer takes; and the front door's placement of an input-sparse
+// plan, whose tokens must be the CPU input-sparse path's. The front-door cases run on the CPU
+// stand-in device ([gpu], every machine) and on CUDA ([cuda], where a device exists).
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "bench/cpu_device.h"
+#include "cuda_test_util.h"
+#include "engine/gpu/gpu_backend.h"
+#include "engine/gpu/gpu_layers.h"
+#include "engine/runtime/engine.h"
+#include "engine/sparse/column_sparse.h"
+#include "model_fixtures.h"
+
+namespace thermocline {
+namespace {
+
+using testing::CachedModel;
+using testing::GreedyIds;
+using testing::NewEngineSession;
+using testing::TestModelPath;
+
+const std::vector<int32_t> kPrompt = {1, 403, 261, 290, 7, 45, 300};
+
+// A file of each layout form: Q4_0 (4-bit), Q8_0 (8-bit), Q4_K_M (4-bit with mins, and 8-bit
+// requantized Q6_K), F32 (the float form, W's columns as rows).
+const char* const kFiles[] = {"kquants/stories-wide.q4_0.gguf", "kquants/stories-wide.q8_0.gguf",
+                              "kquants/stories-wide.q4_k_m.gguf", "stories260K.gguf"};
+
+// Every layer input-sparse, every threshold `threshold`.
+SparsePlan InputSparsePlan(const LlamaModel& model, float threshold) {
+  SparsePlan plan;
+  plan.layers.resize(model.hparams().n_layer);
+  for (SparseLayerPlan& p : plan.layers) {
+    p.method = SparseMethod::kInputSparse;
+    p.attn_in_threshold = p.ffn_in_threshold = p.magnitude_threshold = threshold;
+  }
+  return plan;
+}
+
+// F32 KV caches on both sides and a prompt that crosses the batch's chunks, as engine_test.cc.
+EngineOptions Options(const gpu::Device* device) {
+  EngineOptions o;
+  o.kv_type = KvType::kF32;
+  o.n_ctx = 96;
+  o.max_batch = 4;
+  o.device = device;
+  return o;
+}
+
+std::vector<float> PromptLogits(Session& s) {
+  std::vector<float> all(kPrompt.size() * s.model().hparams().n_vocab);
+  s.Reset();
+  REQUIRE(s.Eval(kPrompt, all.data()).ok());
+  return all;
+}
+
+double MaxRelDiff(const float* got, const float* want, size_t n) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::fabs(double{got[i]} - want[i]));
+    scale = std::max(scale, std::fabs(double{want[i]}));
+  }
+  return diff / std::max(scale, 1e-6);
+}
+
+// The kept entries of x (|x_i| > threshold, x_i != 0) as the CPU's input-sparse path takes them.
+struct Kept {
+  std::vector<int32_t> idx;
+  std::vector<float> val;
+  ColumnInput input;
+};
+void Keep(const std::vector<float>& x, float threshold, Kept* k) {
+  k->idx.clear();
+  k->val.clear();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::fabs(x[i]) > threshold && x[i] != 0.0f) {
+      k->idx.push_back(static_cast<int32_t>(i));
+      k->val.push_back(x[i]);
+    }
+  }
+  k->input.Reserve(static_cast<int64_t>(x.size()));
+  k->input.Set(k->idx.data(), k->val.data(), static_cast<int64_t>(k->idx.size()));
+}
+
+struct Matrix {
+  GgmlType type;
+  int64_t out, in;
+};
+// Every form and its odd sizes: outputs under one line (72), several lines with a partial one
+// (200, 4-bit: 2 lines), inputs of three blocks; for the float form, inputs that are not
+// whole blocks.
+const Matrix kMatrices[] = {
+    {GgmlType::kQ4_0, 200, 96}, {GgmlType::kQ4_0, 72, 96},   {GgmlType::kQ8_0, 200, 96},
+    {GgmlType::kQ8_0, 72, 64},  {GgmlType::kQ4_K, 200, 256}, {GgmlType::kQ6_K, 72, 256},
+    {GgmlType::kQ5_0, 200, 96}, {GgmlType::kF16, 200, 96},   {GgmlType::kF32, 72, 50},
+};
+
+TEST_CASE("the stand-in's column mat-vec is the CPU reference's, every layout form", "[gpu]") {
+  ThreadPool pool(1);
+  for (const Matrix& m : kMatrices) {
+    INFO(TypeName(m.type) << " " << m.out << " x " << m.in);
+    const OwnedWeight w = cuda_test::RandomWeight(m.type, m.out, m.in, 11);
+    // The integer form (a CPU with AVX2 or more; F16 and F32 always take the float one) and the
+    // float form (the scalar ISA's).
+    for (Isa isa : {BestIsa(), Isa::kScalar}) {
+      absl::StatusOr<ColumnWeight> c = ColumnWeight::Build(pool, w.view, isa);
+      REQUIRE(c.ok());
+      const gpu::ColumnLayout layout = c->layout();
+      REQUIRE(layout.in == m.in);
+      REQUIRE(layout.out == m.out);
+      for (float threshold : {-1.0f, 0.0f, 0.5f, 0.97f, 2.0f}) {
+        INFO("ISA " << IsaName(isa) << ", threshold " << threshold);
+        const std::vector<float> x = cuda_test::RandomFloats(m.in, 5);
+        Kept kept;
+        Keep(x, threshold, &kept);
+        std::vector<float> want(m.out, 0.0f), got(m.out, -1.0f);
+        if (c->form() == ColumnWeight::Form::kFloat) {
+          ColumnSparseAdd(Isa::kScalar, *c, kept.input, 0, m.out, want.data());
+        } else {
+          ColumnSparseAddReference(*c, kept.input, 0, m.out, want.data());
+        }
+        ColumnMatVecOnHost(layout, x.data(), threshold, got.data());
+        if (c->form() == ColumnWeight::Form::kFloat) {
+          // The same products summed in the same order; the scalar axpy may fuse them.
+          for (int64_t o = 0; o < m.out; ++o) CHECK(std::fabs(got[o] - want[o]) <= 1e-5);
+        } else {
+          // The same integer sums, scaled and added block by block in the same order.
+          CHECK(got == want);
+        }
+        if (kept.idx.empty()) {
+          CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA column-sparse mat-vec against the CPU reference, every layout form", "[cuda]") {
+  REQUIRE_GPU_OPS(ops);
+  ThreadPool pool(1);
+  for (const Matrix& m : kMatrices) {
+    INFO(TypeName(m.type) << " " << m.out << " x " << m.in);
+    const OwnedWeight w = cuda_test::RandomWeight(m.type, m.out, m.in, 11);
+    for (Isa isa : {BestIsa(), Isa::kScalar}) {  // the integer form (AVX2 and up), the float one
+      absl::StatusOr<ColumnWeight> c = ColumnWeight::Build(pool, w.view, isa);
+      REQUIRE(c.ok());
+      for (float threshold : {-1.0f, 0.5f, 0.97f, 2.0f}) {
+        INFO("ISA " << IsaName(isa) << ", threshold " << threshold);
+        const std::vector<float> x = cuda_test::RandomFloats(m.in, 5);
+        std::vector<float> want(m.out), got(m.out, -1.0f);
+        ColumnMatVecOnHost(c->layout(), x.data(), threshold, want.data());
+        REQUIRE_OK(ops->ColumnMatVec(c->layout(), x.data(), threshold, got.data()));
+        // The device adds its ranges' partial sums after each range's blocks, the host block by
+        // block: the same terms in another order. A few float roundings of the largest term.
+        double scale = 1e-6;
+        for (float v : want) scale = std::max(scale, std::fabs(double{v}));
+        for (int64_t o = 0; o < m.out; ++o) CHECK(std::fabs(got[o] - want[o]) <= 1e-5 * scale);
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU layers: an input-sparse layer takes its layouts' bytes, not the matrices'",
+          "[gpu]") {
+  const std::string path = TestModelPath("kquants/stories-wide.q4_0.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("stories-wide.q4_0.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  const LlamaHparams& h = model.hparams();
+  ThreadPool pool(1);
+  auto engine = Engine::Create(model, InputSparsePlan(model, 0.3f), Options(nullptr), pool);
+  REQUIRE(engine.ok());
+  const std::vector<gpu::InputSparseLayer> layouts =
+      DeviceInputSparse(*(*engine)->sparse_weights());
+  REQUIRE(static_cast<int64_t>(layouts.size()) == h.n_layer);
+  auto dense = gpu::PlanWholeLayers(model, 1, 96, 4, gpu::MemoryBudget::kUnlimited, KvType::kF32);
+  auto sparse =
+      gpu::PlanWholeLayers(model, 1, 96, 4, gpu::MemoryBudget::kUnlimited, KvType::kF32, layouts);
+  REQUIRE(dense.ok());
+  REQUIRE(sparse.ok());
+  const gpu::GpuLayersMemory d = gpu::ComputeGpuLayersMemory(*dense);
+  const gpu::GpuLayersMemory s = gpu::ComputeGpuLayersMemory(*sparse);
+  const LayerWeights& L = model.layers()[0];
+  const gpu::InputSparseLayer& y = layouts[0];
+  auto rounded = [](uint64_t b) { return gpu::MemoryBudget::Rounded(b); };
+  uint64_t matrices = 0, columns = 0;
+  for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+    matrices += rounded(w->rows * RowBytes(w->type, w->cols));
+  }
+  for (const gpu::ColumnLayout* c : {&y.qkv, &y.q, &y.k, &y.v, &y.gate, &y.up, &y.down}) {
+    if (c->empty()) continue;
+    REQUIRE(c->form == gpu::ColumnLayout::Form::kInt4);  // Q4_0 keeps its quants and scales
+    const uint64_t scales = (c->in / 32) * c->out_pad * 2;
+    columns += rounded(c->in * c->row_bytes) + rounded(scales);
+  }
+  CHECK(s.layer[0] == d.layer[0] - matrices + columns);
+  // Its partial sums, and q | k | v landing in gate's scratch.
+  CHECK(gpu::ScratchOf(*sparse).column_partial > 0);
+  CHECK(gpu::ScratchOf(*sparse).gate >= h.q_dim() + h.kv_dim() + h.v_dim());
+  CHECK(s.scratch > d.scratch);
+}
+
+// An input-sparse plan on `device`: all layers, half of them, and under --gpu-memory alone.
+// Every token sparse (no dense prefill, as perplexity runs) gives the CPU input-sparse path's
+// greedy tokens and logits: both drop the same entries and sum the same integers, in another
+// order only. With dense prefill a prompt reads every column of the layouts, which is the CPU
+// path with no threshold (the device holds no other copy of the matrices): within the int8
+// rounding of the activations of the CPU's own dense matrices (on these 256-wide files F32 and
+// Q8_0 weights part by 2.6% of the logits' range), so it is checked against the CPU's
+// input-sparse path at threshold -1.
+void InputSparseOnDevice(const gpu::Device* device, const LlamaModel& model) {
+  const LlamaHparams& h = model.hparams();
+  const size_t n_vocab = static_cast<size_t>(h.n_vocab);
+  ThreadPool pool(2);
+  constexpr float kThreshold = 0.3f;
+  EngineOptions every = Options(nullptr);
+  every.dense_prefill = false;
+  auto cpu = NewEngineSession(model, InputSparsePlan(model, kThreshold), pool, every);
+  const std::vector<int32_t> want = GreedyIds(cpu->session(), kPrompt, 16);
+  const std::vector<float> want_decode(cpu->session().logits(), cpu->session().logits() + n_vocab);
+  const SparseFfnStats& st = cpu->sparse()->stats();
+  REQUIRE(st.attn_in_tokens > 0);
+  // The threshold drops a good part of every input: a device that read every column would part.
+  REQUIRE(st.attn_in_kept / st.attn_in_tokens < 0.8 * h.n_embd);
+  REQUIRE(st.ffn_in_kept / st.ffn_in_tokens < 0.8 * h.n_embd);
+  const std::vector<float> want_prompt = PromptLogits(cpu->session());
+
+  struct Case {
+    int64_t gpu_layers;
+    uint64_t gpu_memory;
+    int64_t on_device;
+  };
+  for (const Case& c : {Case{gpu::kAutoLayers, 0, h.n_layer}, Case{h.n_layer / 2, 0, h.n_layer / 2},
+                        Case{kNoGpuLayers, uint64_t{1} << 30, h.n_layer}}) {
+    EngineOptions o = every;
+    o.device = device;
+    o.gpu_layers = c.gpu_layers;
+    o.gpu_memory = c.gpu_memory;
+    auto s = NewEngineSession(model, InputSparsePlan(model, kThreshold), pool, o);
+    const EnginePlacement& p = s->placement();
+    INFO(DescribePlacement(p));
+    CHECK(p.note.empty());
+    CHECK(p.gpu_layers == c.on_device);
+    CHECK(p.gpu_input_sparse_layers == c.on_device);
+    CHECK_THAT(DescribePlacement(p), Catch::Contains(" input-sparse)"));
+    CHECK(p.gpu_bytes > 0);
+    CHECK(GreedyIds(s->session(), kPrompt, 16) == want);
+    // 1e-3 of the logits' range, as engine_test.cc's whole layers: room for the float order,
+    // not for an entry kept on one side and dropped on the other.
+    CHECK(MaxRelDiff(s->session().logits(), want_decode.data(), n_vocab) <= 1e-3);
+    const std::vector<float> prompt = PromptLogits(s->session());
+    CHECK(MaxRelDiff(prompt.data(), want_prompt.data(), prompt.size()) <= 1e-3);
+  }
+
+  // Dense prefill: every column of the layouts for a prompt of several tokens.
+  auto cpu_all = NewEngineSession(model, InputSparsePlan(model, -1.0f), pool, every);
+  const std::vector<float> want_all = PromptLogits(cpu_all->session());
+  EngineOptions o = Options(device);
+  o.gpu_layers = gpu::kAutoLayers;
+  auto s = NewEngineSession(model, InputSparsePlan(model, kThreshold), pool, o);
+  REQUIRE(s->placement().gpu_input_sparse_layers == h.n_layer);
+  const std::vector<float> got_all = PromptLogits(s->session());
+  CHECK(MaxRelDiff(got_all.data(), want_all.data(), got_all.size()) <= 1e-3);
+  CHECK(MaxRelDiff(want_all.data(), want_prompt.data(), want_all.size()) > 1e-2);
+}
+
+TEST_CASE("front door, stand-in device: input-sparse whole layers give the CPU's tokens", "[gpu]") {
+  for (const char* name : kFiles) {
+    const std::string path = TestModelPath(name);
+    if (!std::filesystem::exists(path)) THERMOCLINE_SKIP(std::string(name) + " not found");
+    INFO(name);
+    CpuStandInDevice device;
+    InputSparseOnDevice(&device, CachedModel(path));
+    CHECK(device.input_sparse_tokens() > 0);
+  }
+}
+
+TEST_CASE("front door, CUDA: input-sparse whole layers give the CPU's tokens", "[cuda]") {
+  if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
+  for (const char* name : kFiles) {
+    const std::string path = TestModelPath(name);
+    if (!std::filesystem::exists(path)) THERMOCLINE_SKIP(std::string(name) + " not found");
+    INFO(name);
+    InputSparseOnDevice(&gpu::CudaDevice(), CachedModel(path));
+  }
+}
+
+}  // namespace
+}  // namespace thermocline
