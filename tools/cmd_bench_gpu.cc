@@ -5,7 +5,9 @@
 //       --gpu-layers N), the rest on the CPU;
 //   (c) dense, all on the CPU (the reference);
 // with the ratios (a)/(b) and each against (c). `--gpu-layers` without --gpu-compare measures
-// (b) and (c) only.
+// (b) and (c); with an input-sparse plan (--sidecar, --sparse-method input-sparse) also
+//   (s) its layers input-sparse, whole on the GPU as (b)'s, and (s') all on the CPU,
+// with (s)/(b), (s)'s greedy tokens held to (s')'s.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,6 +43,10 @@ struct Row {
   std::vector<int32_t> tokens;  // the greedy tokens of the first run
   std::vector<float> logits;    // (tokens, n_vocab): the logits each of them was chosen from
   std::vector<LayerMeasured> layers;
+  // The row whose greedy tokens this one must give: an index into the rows, kLastRow ((c)), or
+  // kUnchecked.
+  int reference = kLastRow;
+  static constexpr int kLastRow = -1, kUnchecked = -2;
 };
 
 // How far a row's logits may stray from (c)'s at a step with the same context, as a share of
@@ -143,10 +149,20 @@ absl::StatusOr<Row> Measure(const std::string& name, const LlamaModel& model, Th
       }
       row.layers.push_back(m);
     }
-    const double active =
-        st.layer_tokens ? st.predicted / st.layer_tokens / model.hparams().n_ff : 0;
-    absl::StrAppend(&row.note, ", ", static_cast<int>(100 * active + 0.5),
-                    "% neurons predicted active");
+    const LlamaHparams& h = model.hparams();
+    if (st.layer_tokens > 0) {
+      const double active = st.predicted / st.layer_tokens / h.n_ff;
+      absl::StrAppend(&row.note, ", ", static_cast<int>(100 * active + 0.5),
+                      "% neurons predicted active");
+    }
+    if (st.attn_in_tokens > 0) {
+      auto percent = [&](double kept, double tokens) {
+        return static_cast<int>(100 * kept / tokens / h.n_embd + 0.5);
+      };
+      absl::StrAppend(&row.note, ", the CPU layers kept ",
+                      percent(st.attn_in_kept, st.attn_in_tokens), "% of attention's inputs and ",
+                      percent(st.ffn_in_kept, st.ffn_in_tokens), "% of the FFN's");
+    }
   }
   return row;
 }
@@ -219,12 +235,51 @@ int RunBenchGpuCompare(const Args& args) {
   EngineOptions ngl = base;
   ngl.gpu_layers = *requested;
   if (*cap_arg > 0) ngl.gpu_memory = static_cast<uint64_t>(*cap_arg);
+  EngineOptions cpu_only = base;
+  cpu_only.device = nullptr;
+  // An input-sparse plan: its whole layers on the GPU, against the same plan on the CPU.
+  std::optional<Row> cpu_input_sparse;
+  if (!compare && args.Get("--sidecar")) {
+    absl::StatusOr<std::optional<SparsePlan>> plan =
+        SparsePlanFromArgs(args, **model, /*check_speed=*/false);
+    if (!plan.ok()) return Fail("bench", plan.status());
+    if (!plan->has_value() ||
+        std::none_of((*plan)->layers.begin(), (*plan)->layers.end(), [](const SparseLayerPlan& p) {
+          return p.method == SparseMethod::kInputSparse;
+        })) {
+      return Fail("bench",
+                  absl::InvalidArgumentError(
+                      "--gpu-layers with --sidecar: whole GPU layers run an input-sparse "
+                      "plan (--sparse-method input-sparse); a hybrid placement is "
+                      "--gpu-compare's"),
+                  true);
+    }
+    // The prompt sparse too on both sides: with dense prefill the GPU reads every column of its
+    // layouts (int8 activations) where the CPU reads its own matrices, and a context that
+    // differs by that rounding would part their tokens at the first near-tie. Decode speed is
+    // the same either way.
+    EngineOptions ngl_sparse = ngl;
+    ngl_sparse.dense_prefill = false;
+    EngineOptions cpu_sparse = cpu_only;
+    cpu_sparse.dense_prefill = false;
+    auto s = Measure("(s) input-sparse, whole layers on the GPU", **model, pool, *std::move(plan),
+                     ngl_sparse, *pt, *gt, r);
+    if (!s.ok()) return Fail("bench", s.status());
+    plan = SparsePlanFromArgs(args, **model, /*check_speed=*/false);  // a plan is moved per use
+    if (!plan.ok()) return Fail("bench", plan.status());
+    auto sc = Measure("(s') input-sparse, all on the CPU", **model, pool, *std::move(plan),
+                      cpu_sparse, *pt, *gt, r);
+    if (!sc.ok()) return Fail("bench", sc.status());
+    rows.push_back(*s);
+    rows.back().reference = 2;  // (s'), after (b)
+    cpu_input_sparse = *sc;
+    cpu_input_sparse->reference = Row::kUnchecked;  // sparse: not dense's tokens
+  }
   auto b = Measure("(b) dense, whole layers on the GPU (-ngl)", **model, pool, std::nullopt, ngl,
                    *pt, *gt, r);
   if (!b.ok()) return Fail("bench", b.status());
   rows.push_back(*b);
-  EngineOptions cpu_only = base;
-  cpu_only.device = nullptr;
+  if (cpu_input_sparse.has_value()) rows.push_back(*cpu_input_sparse);
   auto c = Measure("(c) dense, all on the CPU", **model, pool, std::nullopt, cpu_only, *pt, *gt, r);
   if (!c.ok()) return Fail("bench", c.status());
   rows.push_back(*c);
@@ -233,15 +288,18 @@ int RunBenchGpuCompare(const Args& args) {
   // greedy tokens, up to a near-tie (CompareWithCpu).
   const int64_t n_vocab = (*model)->hparams().n_vocab;
   for (size_t r = 0; r + 1 < rows.size(); ++r) {
-    const std::string wrong = CompareWithCpu(rows[r], rows.back(), n_vocab);
+    if (rows[r].reference == Row::kUnchecked) continue;
+    const Row& ref = rows[r].reference == Row::kLastRow ? rows.back() : rows[rows[r].reference];
+    const std::string label = ref.name.substr(0, ref.name.find(' '));
+    const std::string wrong = CompareWithCpu(rows[r], ref, n_vocab);
     if (!wrong.empty()) {
-      return Fail("bench", absl::InternalError(absl::StrCat(rows[r].name, " ", wrong,
-                                                            ": not reporting its speed")));
+      return Fail("bench", absl::InternalError(absl::StrCat(rows[r].name, " ", wrong, " (against ",
+                                                            label, "): not reporting its speed")));
     }
-    const std::vector<int32_t>& want = rows.back().tokens;
+    const std::vector<int32_t>& want = ref.tokens;
     const auto parted = std::mismatch(want.begin(), want.end(), rows[r].tokens.begin()).first;
     if (parted != want.end()) {
-      absl::StrAppend(&rows[r].note, "; greedy tokens as (c)'s up to a near-tie at token ",
+      absl::StrAppend(&rows[r].note, "; greedy tokens as ", label, "'s up to a near-tie at token ",
                       parted - want.begin());
     }
   }
@@ -293,6 +351,9 @@ int RunBenchGpuCompare(const Args& args) {
                              {"gpu_bytes", r.gpu_bytes},
                              {"note", r.note}});
     }
+    if (cpu_input_sparse.has_value()) {
+      out["input_sparse_vs_ngl"] = rows[0].tokens_per_s / rows[1].tokens_per_s;
+    }
     if (compare) {
       out["hybrid_vs_ngl"] = rows[0].tokens_per_s / rows[1].tokens_per_s;
       out["modelled_tokens_per_s"] = modelled_tps;
@@ -330,6 +391,12 @@ int RunBenchGpuCompare(const Args& args) {
   for (const Row& r : rows) {
     std::printf("%-48s %10.2f %7.2fx %10.0f  %s\n", r.name.c_str(), r.tokens_per_s,
                 r.tokens_per_s / cpu, r.gpu_bytes / 1048576.0, r.note.c_str());
+  }
+  if (cpu_input_sparse.has_value()) {
+    std::printf(
+        "(s)/(b) = %.2fx: input-sparse over dense, both whole layers on the GPU; (s) gave (s')'s "
+        "greedy tokens (%zu, or up to a near-tie: see the notes)\n",
+        rows[0].tokens_per_s / rows[1].tokens_per_s, rows[2].tokens.size());
   }
   if (compare) {
     std::printf(

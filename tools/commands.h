@@ -61,10 +61,12 @@ constexpr char kSparseUsage[] =
     "                           8G; CUDA builds; without a device they stay on the CPU)\n";
 // --gpu-layers N|auto (generate, bench): the -ngl-style dense offload.
 constexpr char kGpuLayersUsage[] =
-    "  --gpu-layers N|auto      dense whole layers on the GPU: the first N (auto: as many as fit\n"
+    "  --gpu-layers N|auto      whole layers on the GPU: the first N (auto: as many as fit\n"
     "                           under --gpu-memory, all without it), the rest on the CPU; all\n"
     "                           of them also puts the output head there (CUDA builds; without a\n"
-    "                           device everything stays on the CPU)\n";
+    "                           device everything stays on the CPU). Dense, or input-sparse\n"
+    "                           where the sparse plan's layers are (--sparse-method\n"
+    "                           input-sparse)\n";
 // The sparse plan of --sparse/--sidecar/--oracle/--target-sparsity (offline/sparse_source.h, the
 // same resolution the daemon uses); a sidecar beside the model that cannot be used, or that its
 // speed check measured slower than dense here (unless !check_speed: bench, which measures it),

@@ -3,12 +3,14 @@
 # packages of scripts/setup.sh): builds Thermocline with the CUDA backend for this GPU only
 # (build-gpu/), runs every [cuda] test (none may skip), the CUDA kernel benchmark and the decode
 # comparison of issue 6 on synthetic 7B-shape ReLU models (hybrid sparse vs -ngl dense vs CPU
-# under a --gpu-memory cap of 40% of the weights), and prints a summary. Exits non-zero on any
-# failure. Budget: under 8 minutes on a 16-core machine.
+# under a --gpu-memory cap of 40% of the weights), input-sparse whole layers against dense ones
+# on a SwiGLU model of the 7B shape, and prints a summary. Exits non-zero on any failure. Budget:
+# under 8 minutes on a 16-core machine.
 #   tests/gpu/run.sh            # everything (also the daemon on the GPU: serve vs generate)
 #   BUILD=dir JOBS=n tests/gpu/run.sh
 #   Q4_LAYERS=32 F16_LAYERS=8 GEN=16 tests/gpu/run.sh   # the synthetic models' depth (7B: 32);
-#   F16_LAYERS=0 skips the F16 model. SYNTH_DIR holds the models (default $BUILD/synth).
+#   F16_LAYERS=0 skips the F16 model; IS_LAYERS (default 8) the input-sparse SwiGLU model's,
+#   0 skips it. SYNTH_DIR holds the models (default $BUILD/synth).
 #   PREBUILT=1 BUILD=dir tests/gpu/run.sh   # binaries built elsewhere (for example with
 #     -DCMAKE_CUDA_ARCHITECTURES=90 on a machine with the packages of scripts/setup.sh): no
 #     configure, no build; dir holds tools/thermocline and tests/thermocline_cuda_{tests,bench}.
@@ -22,6 +24,7 @@ BUILD=${BUILD:-build-gpu}
 # so by default the F16 model has 8 of the 7B shape's layers (the table says so).
 Q4_LAYERS=${Q4_LAYERS:-32}
 F16_LAYERS=${F16_LAYERS:-8}
+IS_LAYERS=${IS_LAYERS:-8}
 GEN=${GEN:-16}
 SYNTH_DIR=${SYNTH_DIR:-$BUILD/synth}
 JOBS=${JOBS:-$(nproc)}
@@ -111,6 +114,32 @@ compare() {  # type layers
 }
 compare q4_0 "$Q4_LAYERS"
 [ "$F16_LAYERS" -gt 0 ] && compare f16 "$F16_LAYERS"
+
+# Input-sparse whole layers: a SwiGLU model of the 7B shape (IS_LAYERS of its layers, random
+# weights), its input statistics from a short profile, then `bench --gpu-layers auto` at 50%:
+# (s) input-sparse on the GPU, (b) dense on the GPU, (s') and (c) the same on the CPU; (s) must
+# give (s')'s greedy tokens.
+input_sparse() {
+  local model="$SYNTH_DIR/7b-shape-swiglu-q4_0-${IS_LAYERS}l.gguf"
+  local sidecar="${model%.gguf}.thermo.gguf"
+  step "input-sparse whole layers: q4_0, $IS_LAYERS SwiGLU layers of the 7B shape"
+  mkdir -p "$SYNTH_DIR"
+  if [ ! -s "$model" ]; then
+    timeout 240 "$TC" synth --layers "$IS_LAYERS" --embd 4096 --ff 11008 --heads 32 --kv-heads 32 \
+      --vocab 32000 --ctx 2048 --type q4_0 --threads "$JOBS" -o "$model" \
+      >"$LOG/synth-swiglu.log" 2>&1 || { tail -5 "$LOG/synth-swiglu.log"; fail "synth swiglu"; return; }
+  fi
+  if [ ! -s "$sidecar" ]; then
+    timeout 240 "$TC" profile -m "$model" --corpus "$THERMOCLINE_TEST_MODELS/tinystories-profile.txt" \
+      --tokens 256 --samples 256 --epochs 1 --threads "$JOBS" -o "$sidecar" \
+      >"$LOG/profile-swiglu.log" 2>&1 || { tail -5 "$LOG/profile-swiglu.log"; fail "profile swiglu"; return; }
+  fi
+  timeout "${COMPARE_TIMEOUT:-300}" "$TC" bench -m "$model" --sidecar "$sidecar" \
+    --sparse-method input-sparse --target-sparsity 0.5 --gpu-layers auto \
+    --prompt-tokens $PROMPT --gen-tokens "$GEN" --repetitions 3 --threads "$JOBS" \
+    | tee "$LOG/compare-input-sparse.txt" || fail "bench --gpu-layers input-sparse (exit ${PIPESTATUS[0]})"
+}
+[ "$IS_LAYERS" -gt 0 ] && input_sparse
 
 # The daemon on the GPU: `serve` with GPU flags must say in /v1/models/{id} that its parts run on
 # the GPU and give `generate`'s greedy text with the same flags: whole layers (stories260K) and

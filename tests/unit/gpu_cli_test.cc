@@ -86,3 +86,38 @@ TEST_CASE("bench --gpu-compare on the stand-in device: the rows' tokens agree, t
 
 }  // namespace
 }  // namespace thermocline
+
+namespace thermocline {
+namespace {
+
+TEST_CASE(
+    "bench --gpu-layers with an input-sparse plan: its layers on the device, held to the CPU's",
+    "[gpu][cli]") {
+  // A profile of a SwiGLU test model gives the input-sparse statistics; the plan at 0.5 on the
+  // stand-in device: (s) whole layers input-sparse there, (s') the same plan on the CPU, whose
+  // greedy tokens (s) must give; its speed on the stand-in means nothing.
+  const std::string model = TestModelPath("kquants/stories-wide.q4_0.gguf");
+  if (!std::filesystem::exists(model)) THERMOCLINE_SKIP("stories-wide.q4_0.gguf not found");
+  const std::string sidecar = (testing::TempDir() / "gpu-cli-wide.thermo.gguf").string();
+  testing::CliResult r = testing::RunThermocline(
+      "profile -m " + model + " --corpus " + TestModelPath("tinystories-profile.txt") +
+      " --tokens 512 --samples 256 --epochs 1 --threads 2 -o " + sidecar);
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  const std::string bench = "bench -m " + model + " --sidecar " + sidecar +
+                            " --target-sparsity 0.5 --gpu-layers auto --stand-in"
+                            " --prompt-tokens 8 --gen-tokens 16 --repetitions 1 --threads 2";
+  r = testing::RunThermocline(bench + " --sparse-method input-sparse");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("5/5 whole layers (5 input-sparse) and the output head"));
+  CHECK_THAT(r.out, Catch::Contains("kept 50% of attention's inputs"));
+  CHECK_THAT(r.out, Catch::Contains("(s) gave (s')'s greedy tokens (16"));
+  // A plan of another method has no whole-layer form: said, not ignored.
+  r = testing::RunThermocline(bench + " --sparse-method predicted");
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.out, Catch::Contains("--sparse-method input-sparse"));
+}
+
+}  // namespace
+}  // namespace thermocline

@@ -15,11 +15,13 @@
 #include "engine/runtime/engine.h"
 #include "engine/sparse/column_sparse.h"
 #include "model_fixtures.h"
+#include "sparse_fixtures.h"
 
 namespace thermocline {
 namespace {
 
 using testing::CachedModel;
+using testing::InputSparsePlan;
 using testing::GreedyIds;
 using testing::NewEngineSession;
 using testing::TestModelPath;
@@ -30,17 +32,6 @@ const std::vector<int32_t> kPrompt = {1, 403, 261, 290, 7, 45, 300};
 // requantized Q6_K), F32 (the float form, W's columns as rows).
 const char* const kFiles[] = {"kquants/stories-wide.q4_0.gguf", "kquants/stories-wide.q8_0.gguf",
                               "kquants/stories-wide.q4_k_m.gguf", "stories260K.gguf"};
-
-// Every layer input-sparse, every threshold `threshold`.
-SparsePlan InputSparsePlan(const LlamaModel& model, float threshold) {
-  SparsePlan plan;
-  plan.layers.resize(model.hparams().n_layer);
-  for (SparseLayerPlan& p : plan.layers) {
-    p.method = SparseMethod::kInputSparse;
-    p.attn_in_threshold = p.ffn_in_threshold = p.magnitude_threshold = threshold;
-  }
-  return plan;
-}
 
 // F32 KV caches on both sides and a prompt that crosses the batch's chunks, as engine_test.cc.
 EngineOptions Options(const gpu::Device* device) {

@@ -23,23 +23,13 @@ namespace {
 
 using testing::CachedModel;
 using testing::EveryToken;
+using testing::InputSparsePlan;
 using testing::LoadReference;
 using testing::ReadTextFile;
 using testing::TestModelPath;
 
 const offline::Sidecar& ProfiledSidecar(const std::string& file) {
   return testing::ProfiledSidecar(file, {.tokens = 2048, .samples = 1024, .epochs = 1});
-}
-
-// Every layer input-sparse with the given thresholds.
-SparsePlan InputSparsePlan(const LlamaModel& model, float threshold) {
-  SparsePlan plan;
-  plan.layers.resize(model.hparams().n_layer);
-  for (SparseLayerPlan& p : plan.layers) {
-    p.method = SparseMethod::kInputSparse;
-    p.attn_in_threshold = p.ffn_in_threshold = p.magnitude_threshold = threshold;
-  }
-  return plan;
 }
 
 double MaxRelativeDiff(const float* a, const float* b, int64_t n) {

@@ -39,6 +39,17 @@ inline const offline::Sidecar& ProfiledSidecar(const std::string& file,
   return cache.emplace(key, std::move(r->sidecar)).first->second;
 }
 
+// Every layer of `model` input-sparse, every threshold `threshold`.
+inline SparsePlan InputSparsePlan(const LlamaModel& model, float threshold) {
+  SparsePlan plan;
+  plan.layers.resize(model.hparams().n_layer);
+  for (SparseLayerPlan& p : plan.layers) {
+    p.method = SparseMethod::kInputSparse;
+    p.attn_in_threshold = p.ffn_in_threshold = p.magnitude_threshold = threshold;
+  }
+  return plan;
+}
+
 // Engine options under which perplexity's windows go through the sparse path too, not dense
 // prefill.
 inline EngineOptions EveryToken() {
