@@ -26,6 +26,7 @@ json RunsOnJson(const EnginePlacement& p) {
   return {{"device", on_device ? p.device : "cpu"},
           {"gpu_requested", p.gpu_requested},
           {"whole_gpu_layers", p.gpu_layers},
+          {"input_sparse_gpu_layers", p.gpu_input_sparse_layers},
           {"attention_gpu_layers", p.gpu_layers + p.attention_gpu_layers},
           {"n_layer", p.n_layer},
           {"output_head", p.output_gpu ? "gpu" : "cpu"},
