@@ -458,6 +458,13 @@ absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> CpuStandInDevice::CreateLayers(
       static_cast<int64_t>(spec.layers.size()) != spec.model->hparams().n_layer) {
     return absl::InvalidArgumentError("stand-in layers: a spec of the model's layers");
   }
+  for (int64_t l = 0; l < spec.model->hparams().n_layer; ++l) {
+    if (!spec.layers[l] || !spec.input_sparse_on(l)) continue;
+    if (absl::Status s = gpu::CheckInputSparseLayer(spec.input_sparse[l], spec.model->hparams(), l);
+        !s.ok()) {
+      return s;
+    }
+  }
   auto layers =
       std::make_unique<CpuLayers>(spec, &layer_calls_, &resident_calls_, &input_sparse_tokens_);
   if (absl::Status s = layers->Init(); !s.ok()) return s;

@@ -174,6 +174,7 @@ absl::Status CudaGpuLayers::Init() {
       const char* what;
     };
     L.input_sparse = spec_.input_sparse_on(l);
+    if (L.input_sparse) TC_RETURN_IF_ERROR(CheckInputSparseLayer(spec_.input_sparse[l], h_, l));
     std::vector<Item> items = {{&W.wo, &L.wo, "wo"}};
     if (!L.input_sparse) {
       items.insert(items.end(), {{&W.wq, &L.wq, "wq"}, {&W.wk, &L.wk, "wk"}, {&W.wv, &L.wv, "wv"}});
@@ -205,13 +206,6 @@ absl::Status CudaGpuLayers::Init() {
         absl::StatusOr<DevColumn> d = cuda::UploadColumn(arena_, *c.c, name + c.what);
         if (!d.ok()) return d.status();
         *c.d = *d;
-      }
-      const bool stacked = !y.qkv.empty();
-      if (stacked ? y.qkv.out != h_.q_dim() + h_.kv_dim() + h_.v_dim()
-                  : (y.q.out != h_.q_dim() || y.k.out != h_.kv_dim() || y.v.out != h_.v_dim()) ||
-                        y.gate.out != h_.n_ff || y.up.out != h_.n_ff || y.down.out != h_.n_embd) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, "input-sparse layouts do not match the model's shapes"));
       }
       L.thresholds.attn_in_threshold = y.attn_in_threshold;
       L.thresholds.ffn_in_threshold = y.ffn_in_threshold;

@@ -8,6 +8,7 @@
 #include "engine/model/model_support.h"
 #include "engine/ops/ggml_types.h"
 #include "engine/ops/type_table.h"
+#include "engine/util/status_macros.h"
 
 namespace thermocline::gpu {
 namespace {
@@ -104,6 +105,23 @@ GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec) {
   return mem;
 }
 
+absl::Status CheckInputSparseLayer(const InputSparseLayer& y, const LlamaHparams& h,
+                                   int64_t layer) {
+  auto is = [](const ColumnLayout& c, int64_t out, int64_t in) {
+    return !c.empty() && c.out == out && c.in == in;
+  };
+  const bool qkv = y.qkv.empty() ? is(y.q, h.q_dim(), h.n_embd) && is(y.k, h.kv_dim(), h.n_embd) &&
+                                       is(y.v, h.v_dim(), h.n_embd)
+                                 : is(y.qkv, h.q_dim() + h.kv_dim() + h.v_dim(), h.n_embd) &&
+                                       y.q.empty() && y.k.empty() && y.v.empty();
+  if (!qkv || !is(y.gate, h.n_ff, h.n_embd) || !is(y.up, h.n_ff, h.n_embd) ||
+      !is(y.down, h.n_embd, h.n_ff)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU layers: layer ", layer, "'s input-sparse layouts do not have the model's shapes"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text) {
   if (text == "auto") return kAutoLayers;
   int64_t n = 0;
@@ -129,6 +147,7 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
     const LayerWeights& L = model.layers()[l];
     std::vector<const WeightView*> matrices = {&L.wo};
     if (l < static_cast<int64_t>(input_sparse.size()) && input_sparse[l].on()) {
+      TC_RETURN_IF_ERROR(CheckInputSparseLayer(input_sparse[l], model.hparams(), l));
       // The layouts' float form holds rows of a float type or Q8_0, which the kernels read.
       for (const ColumnLayout* c : LayoutsOf(input_sparse[l])) {
         if (c->form == ColumnLayout::Form::kRows) matrices.push_back(&c->rows);

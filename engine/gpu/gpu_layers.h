@@ -34,6 +34,10 @@ struct InputSparseLayer {
   bool on() const { return !gate.empty(); }
 };
 
+// OK when y's layouts have the shapes of a layer of h (q|k|v or q, k, v from n_embd inputs, gate
+// and up n_ff outputs from n_embd, down n_embd from n_ff); InvalidArgumentError naming `layer`.
+absl::Status CheckInputSparseLayer(const InputSparseLayer& y, const LlamaHparams& h, int64_t layer);
+
 struct GpuLayersSpec {
   const LlamaModel* model = nullptr;
   std::vector<uint8_t> layers;  // (n_layer) 1: the layer runs on the GPU

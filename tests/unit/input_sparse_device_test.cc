@@ -21,8 +21,8 @@ namespace thermocline {
 namespace {
 
 using testing::CachedModel;
-using testing::InputSparsePlan;
 using testing::GreedyIds;
+using testing::InputSparsePlan;
 using testing::NewEngineSession;
 using testing::TestModelPath;
 
@@ -193,6 +193,13 @@ TEST_CASE("GPU layers: an input-sparse layer takes its layouts' bytes, not the m
   CHECK(gpu::ScratchOf(*sparse).column_partial > 0);
   CHECK(gpu::ScratchOf(*sparse).gate >= h.q_dim() + h.kv_dim() + h.v_dim());
   CHECK(s.scratch > d.scratch);
+  // Layouts of another layer's shape are refused, naming the layer.
+  std::vector<gpu::InputSparseLayer> swapped = layouts;
+  std::swap(swapped[1].qkv, swapped[1].gate);
+  auto bad =
+      gpu::PlanWholeLayers(model, 1, 96, 4, gpu::MemoryBudget::kUnlimited, KvType::kF32, swapped);
+  CHECK(absl::IsInvalidArgument(bad.status()));
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("layer 1"));
 }
 
 // An input-sparse plan on `device`: all layers, half of them, and under --gpu-memory alone.
