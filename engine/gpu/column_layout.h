@@ -44,6 +44,16 @@ constexpr int OutputOfByte8(int b) { return 16 * ((b & 15) >> 2) + 4 * (b >> 4) 
 constexpr int OutputOfByte4(int b, bool high) {
   return 32 * ((b & 15) >> 2) + (high ? 16 : 0) + 4 * (b >> 4) + (b & 3);
 }
+// What the device kernel relies on: a word's outputs from its first byte's.
+static_assert([] {
+  for (int b = 0; b < 64; ++b) {
+    const int k = b & 3, first = b - k;
+    if (OutputOfByte8(b) != OutputOfByte8(first) + k) return false;
+    if (OutputOfByte4(b, false) != OutputOfByte4(first, false) + k) return false;
+    if (OutputOfByte4(b, true) != OutputOfByte4(first, false) + 16 + k) return false;
+  }
+  return true;
+}());
 
 // How the device's column-sparse mat-vec covers a layout: `tiles` thread blocks of
 // kColumnThreads threads across the outputs (one 4-byte word of each row per thread in the

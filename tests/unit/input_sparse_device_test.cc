@@ -131,6 +131,33 @@ TEST_CASE("the stand-in's column mat-vec is the CPU reference's, every layout fo
   }
 }
 
+TEST_CASE("the device's column grid covers every output and input once", "[gpu]") {
+  using F = gpu::ColumnLayout::Form;
+  for (F form : {F::kInt4, F::kInt8, F::kRows}) {
+    for (int64_t out : {1, 72, 200, 2560, 11008}) {
+      for (int64_t in : {32, 96, 2048, 11008}) {
+        gpu::ColumnLayout c;
+        c.form = form;
+        c.in = in;
+        c.out = out;
+        const int64_t line = form == F::kInt4 ? 128 : 64;
+        c.out_pad = (out + line - 1) / line * line;
+        c.row_bytes = static_cast<size_t>(form == F::kInt4 ? c.out_pad / 2 : c.out_pad);
+        const gpu::ColumnGrid g = gpu::ColumnGridOf(c);
+        INFO(static_cast<int>(form) << " " << out << " x " << in);
+        const int64_t units = form == F::kRows ? out : static_cast<int64_t>(c.row_bytes / 4);
+        const int64_t blocks = (in + 31) / 32;
+        CHECK(g.tiles * gpu::kColumnThreads >= units);
+        CHECK((g.tiles - 1) * gpu::kColumnThreads < units);
+        CHECK(g.splits * g.blocks_per_split >= blocks);
+        CHECK((g.splits - 1) * g.blocks_per_split < blocks);  // no range without blocks
+        // About 256 thread blocks: at most a range per tile more, or one range.
+        CHECK((g.tiles * g.splits < 256 + g.tiles || g.splits == 1));
+      }
+    }
+  }
+}
+
 TEST_CASE("CUDA column-sparse mat-vec against the CPU reference, every layout form", "[cuda]") {
   REQUIRE_GPU_OPS(ops);
   ThreadPool pool(1);
