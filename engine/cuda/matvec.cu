@@ -211,18 +211,31 @@ __global__ void ColumnIntKernel(const uint8_t* values, size_t row_bytes, const u
     for (int o = kWarp / 2; o > 0; o /= 2) qsum += __shfl_xor_sync(0xffffffffu, qsum, o);
     int acc[kOut];
     for (int k = 0; k < kOut; ++k) acc[k] = 0;
-    for (unsigned rest = kept; rest != 0; rest &= rest - 1) {
-      const int i = __ffs(rest) - 1;
-      const int qi = __shfl_sync(0xffffffffu, q, i);
-      if (!valid) continue;
-      const uint32_t u =
-          *reinterpret_cast<const uint32_t*>(values + (b * 32 + i) * row_bytes + word * 4);
-      for (int k = 0; k < 4; ++k) {
-        if constexpr (kInt4) {
-          acc[k] += qi * static_cast<int>((u >> (8 * k)) & 0xF);
-          acc[4 + k] += qi * static_cast<int>((u >> (8 * k + 4)) & 0xF);
-        } else {
-          acc[k] += qi * static_cast<int>((u >> (8 * k)) & 0xFF);
+    // Four kept rows at a time, their loads issued before any is used: a warp keeps four reads
+    // in flight rather than waiting out each one's latency.
+    constexpr int kRowsInFlight = 4;
+    for (unsigned rest = kept; rest != 0;) {  // warp-uniform
+      int row[kRowsInFlight];
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        row[j] = rest != 0 ? __ffs(static_cast<int>(rest)) - 1 : -1;
+        rest &= rest - 1;
+      }
+      uint32_t u[kRowsInFlight];
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        u[j] = valid && row[j] >= 0 ? *reinterpret_cast<const uint32_t*>(
+                                          values + (b * 32 + row[j]) * row_bytes + word * 4)
+                                    : 0u;
+      }
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        const int qi = __shfl_sync(0xffffffffu, q, row[j] >= 0 ? row[j] : 0);
+        if (row[j] < 0) break;  // warp-uniform
+        for (int k = 0; k < 4; ++k) {
+          if constexpr (kInt4) {
+            acc[k] += qi * static_cast<int>((u[j] >> (8 * k)) & 0xF);
+            acc[4 + k] += qi * static_cast<int>((u[j] >> (8 * k + 4)) & 0xF);
+          } else {
+            acc[k] += qi * static_cast<int>((u[j] >> (8 * k)) & 0xFF);
+          }
         }
       }
     }
@@ -258,7 +271,7 @@ __global__ void ColumnRowsKernel(const uint8_t* w, size_t row_bytes, int64_t in,
     const float xv = b * 32 + lane < in ? x[b * 32 + lane] : 0.0f;
     const unsigned kept = __ballot_sync(0xffffffffu, Kept(xv, threshold));
     for (unsigned rest = kept; rest != 0; rest &= rest - 1) {
-      const int i = __ffs(rest) - 1;
+      const int i = __ffs(static_cast<int>(rest)) - 1;
       const float xi = __shfl_sync(0xffffffffu, xv, i);
       if (o < out) sum += xi * Element<T>(w + (b * 32 + i) * row_bytes, o);
     }
