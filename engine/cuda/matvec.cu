@@ -270,10 +270,23 @@ __global__ void ColumnRowsKernel(const uint8_t* w, size_t row_bytes, int64_t in,
   for (int64_t b = b0; b < b1; ++b) {
     const float xv = b * 32 + lane < in ? x[b * 32 + lane] : 0.0f;
     const unsigned kept = __ballot_sync(0xffffffffu, Kept(xv, threshold));
-    for (unsigned rest = kept; rest != 0; rest &= rest - 1) {
-      const int i = __ffs(static_cast<int>(rest)) - 1;
-      const float xi = __shfl_sync(0xffffffffu, xv, i);
-      if (o < out) sum += xi * Element<T>(w + (b * 32 + i) * row_bytes, o);
+    // As the integer kernel: four kept rows' loads in flight, then their products in row order.
+    constexpr int kRowsInFlight = 4;
+    for (unsigned rest = kept; rest != 0;) {  // warp-uniform
+      int row[kRowsInFlight];
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        row[j] = rest != 0 ? __ffs(static_cast<int>(rest)) - 1 : -1;
+        rest &= rest - 1;
+      }
+      float v[kRowsInFlight];
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        v[j] = o < out && row[j] >= 0 ? Element<T>(w + (b * 32 + row[j]) * row_bytes, o) : 0.0f;
+      }
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        const float xi = __shfl_sync(0xffffffffu, xv, row[j] >= 0 ? row[j] : 0);
+        if (row[j] < 0) break;  // warp-uniform
+        sum += xi * v[j];
+      }
     }
   }
   if (o < out) partial[blockIdx.y * out + o] = sum;
