@@ -273,6 +273,15 @@ void InputSparseOnDevice(const gpu::Device* device, const LlamaModel& model) {
     CHECK(p.gpu_input_sparse_layers == c.on_device);
     CHECK_THAT(DescribePlacement(p), Catch::Contains(" input-sparse)"));
     CHECK(p.gpu_bytes > 0);
+    if (c.on_device == h.n_layer) {
+      // What the device allocated is what the CUDA-free estimate counts (the stand-in reserves
+      // exactly that; CUDA allocates it buffer by buffer).
+      auto spec = gpu::PlanWholeLayers(model, gpu::kAutoLayers, o.n_ctx, o.max_batch,
+                                       gpu::MemoryBudget::kUnlimited, o.kv_type,
+                                       DeviceInputSparse(*s->sparse()->weights()));
+      REQUIRE(spec.ok());
+      CHECK(p.gpu_bytes == gpu::ComputeGpuLayersMemory(*spec).Total(*spec));
+    }
     CHECK(GreedyIds(s->session(), kPrompt, 16) == want);
     // 1e-3 of the logits' range, as engine_test.cc's whole layers: room for the float order,
     // not for an entry kept on one side and dropped on the other.
