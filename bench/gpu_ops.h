@@ -79,6 +79,9 @@ class GpuOps {
   // `stride`-th row active.
   virtual absl::StatusOr<double> TimeSparseMatVec(const WeightView& w, int stride, int iters) = 0;
   virtual absl::StatusOr<double> TimeSparseAxpy(const WeightView& w_t, int stride, int iters) = 0;
+  // The column-sparse mat-vec of c over x: (c.in) at `threshold`, all on the device.
+  virtual absl::StatusOr<double> TimeColumnMatVec(const ColumnLayout& c, const float* x,
+                                                  float threshold, int iters) = 0;
 };
 
 }  // namespace thermocline::gpu

@@ -282,6 +282,23 @@ class CudaOps : public GpuOps {
   absl::StatusOr<double> TimeSparseAxpy(const WeightView& w_t, int stride, int iters) override {
     return TimeRows(w_t, stride, iters, true);
   }
+  absl::StatusOr<double> TimeColumnMatVec(const ColumnLayout& c, const float* x, float threshold,
+                                          int iters) override {
+    DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
+    absl::StatusOr<cuda::DevColumn> d = cuda::UploadColumn(arena, c, "column layout");
+    if (!d.ok()) return d.status();
+    absl::StatusOr<void*> dx = arena.Upload(x, c.in * sizeof(float), "x");
+    absl::StatusOr<float*> partial =
+        arena.AllocateArray<float>(d->grid.splits * c.out, "column partial sums");
+    absl::StatusOr<float*> y = arena.AllocateArray<float>(c.out, "y");
+    if (!dx.ok() || !partial.ok() || !y.ok()) {
+      return !dx.ok() ? dx.status() : (!partial.ok() ? partial.status() : y.status());
+    }
+    return TimeLaunches(iters, [&] {
+      cuda::ColumnMatVec(*d, static_cast<const float*>(*dx), threshold, *partial, *y, stream_);
+    });
+  }
 
  private:
   // The launches' own errors (a bad launch configuration is not reported by the sync), then the
@@ -352,13 +369,7 @@ class CudaOps : public GpuOps {
     absl::StatusOr<float*> partial =
         arena.AllocateArray<float>(cuda::AxpySplits(n) * w.cols, "partial");
     if (!y.ok() || !partial.ok()) return !y.ok() ? y.status() : partial.status();
-    cudaEvent_t start, stop;
-    TC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "cudaEventCreate");
-    TC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "cudaEventCreate");
-    std::vector<float> ms;
-    absl::Status status;
-    for (int i = 0; i < iters + 3 && status.ok(); ++i) {  // 3 warm-up calls
-      cudaEventRecord(start, stream_);
+    return TimeLaunches(iters, [&] {
       if (axpy) {
         cuda::SparseAxpy(*m, *list, static_cast<const float*>(*dx), *list + n, n, *partial, *y,
                          stream_);
@@ -367,6 +378,20 @@ class CudaOps : public GpuOps {
       } else {
         cuda::MatVec(*m, x, *list, *list + n, n, *y, stream_);
       }
+    });
+  }
+
+  // Median seconds of `launch` (its kernels on stream_) over iters calls, after 3 warm-up calls.
+  template <class Launch>
+  absl::StatusOr<double> TimeLaunches(int iters, Launch&& launch) {
+    cudaEvent_t start, stop;
+    TC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "cudaEventCreate");
+    TC_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "cudaEventCreate");
+    std::vector<float> ms;
+    absl::Status status;
+    for (int i = 0; i < iters + 3 && status.ok(); ++i) {
+      cudaEventRecord(start, stream_);
+      launch();
       cudaEventRecord(stop, stream_);
       status = cuda::CudaStatus(cudaEventSynchronize(stop), "a timed kernel");
       float t = 0;

@@ -1,7 +1,9 @@
 // thermocline_cuda_bench: the CUDA kernels' speed on this GPU, for tests/gpu/run.sh.
 //   1. dense decode mat-vec per weight type: time and weight-read bandwidth (GB/s);
 //   2. the neuron-aware kernels at 10% active vs the dense kernel on the same matrix;
-//   3. the hybrid FFN executor: one layer's device part per token (Launch + Wait), 7B shape.
+//   3. the hybrid FFN executor: one layer's device part per token (Launch + Wait), 7B shape;
+//   4. the column-sparse mat-vec of input-sparse layers at half the inputs kept vs dense, on
+//      gate's and down's shapes.
 // Shapes default to a 7B llama FFN (n_embd 4096, n_ff 11008); --small runs a quick shape.
 // Exits non-zero on any error, 77 (skip) without a CUDA device.
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "engine/gpu/gpu_backend.h"
 #include "engine/gpu/gpu_ffn_executor.h"
 #include "engine/ops/kernels.h"
+#include "engine/sparse/column_sparse.h"
 #include "engine/sparse/sparse_ops.h"
 
 namespace thermocline {
@@ -130,6 +133,34 @@ int Main(int argc, char** argv) {
                   TypeName(type), all ? "all device neurons" : "10% active (given)",
                   all ? dev.size() : active.size(), us[us.size() / 2],
                   (*ex)->device_bytes() / 1048576.0);
+    }
+  }
+
+  std::printf(
+      "\n4. input-sparse: the column-sparse mat-vec with half of the inputs kept (uniform x, "
+      "threshold 0.5) vs the dense mat-vec of the same matrix\n");
+  ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+    for (auto [rows, cols] : {std::pair{n_ff, n_embd}, std::pair{n_embd, n_ff}}) {
+      const OwnedWeight w = RandomWeight(type, rows, cols, 5);
+      absl::StatusOr<ColumnWeight> c = ColumnWeight::Build(pool, w.view, BestIsa());
+      if (!c.ok()) return Fail(c.status(), "ColumnWeight::Build");
+      std::mt19937 rng(7);
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      std::vector<float> x(cols);
+      for (float& f : x) f = dist(rng);
+      absl::StatusOr<double> dense = (*ops)->TimeMatVec(w.view, iters);
+      if (!dense.ok()) return Fail(dense.status(), "TimeMatVec");
+      absl::StatusOr<double> all = (*ops)->TimeColumnMatVec(c->layout(), x.data(), -1.0f, iters);
+      if (!all.ok()) return Fail(all.status(), "TimeColumnMatVec");
+      absl::StatusOr<double> half = (*ops)->TimeColumnMatVec(c->layout(), x.data(), 0.5f, iters);
+      if (!half.ok()) return Fail(half.status(), "TimeColumnMatVec");
+      const double bytes = c->bytes_per_input() * cols;
+      std::printf(
+          "%-6s %6lld x %-6lld dense %8.1f us | columns, all kept %8.1f us %7.1f GB/s | half "
+          "kept %8.1f us (%.2fx dense)\n",
+          TypeName(type), static_cast<long long>(rows), static_cast<long long>(cols), *dense * 1e6,
+          *all * 1e6, bytes / *all / 1e9, *half * 1e6, *dense / *half);
     }
   }
   return 0;
