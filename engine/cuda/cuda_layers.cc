@@ -37,7 +37,7 @@ struct DevLayer {
   // Input-sparse: the column layouts (qkv stacked, or q, k, v) and the thresholds.
   bool input_sparse = false;
   DevColumn qkv_c, q_c, k_c, v_c, gate_c, up_c, down_c;
-  InputSparseLayer thresholds;       // its layouts' host pointers are not kept
+  InputSparseLayer thresholds;       // its thresholds only (the layouts are above)
   const float* attn_norm = nullptr;  // (n_embd)
   const float* ffn_norm = nullptr;   // (n_embd)
   void* k_cache = nullptr;           // (n_ctx, kv_dim) of spec.kv_type
