@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -89,9 +90,11 @@ class Reservation {
 class CpuLayers : public gpu::GpuLayers {
  public:
   CpuLayers(const gpu::GpuLayersSpec& spec, std::atomic<int64_t>* calls,
-            std::atomic<int64_t>* resident_calls, std::atomic<int64_t>* input_sparse_tokens)
+            std::atomic<int64_t>* resident_calls, std::atomic<int64_t>* input_sparse_tokens,
+            std::atomic<int64_t>* gate_first_tokens)
       : resident_calls_(resident_calls),
         input_sparse_tokens_(input_sparse_tokens),
+        gate_first_tokens_(gate_first_tokens),
         spec_(spec),
         m_(*spec.model),
         h_(spec.model->hparams()),
@@ -227,6 +230,23 @@ class CpuLayers : public gpu::GpuLayers {
           ColumnMatVecOnHost(y.down, &g[t * f], sparse ? y.magnitude_threshold : off, &xb[t * d]);
         }
         input_sparse_tokens_->fetch_add(n);
+      } else if (spec_.gate_first_on(l)) {
+        // The CPU's gate-first rows over the sparse copies (the same ISA: the same dots, so the
+        // same slots fire), every slot a candidate; a prompt's tokens dense.
+        const gpu::GateFirstLayer& y = spec_.gate_first[l];
+        const int64_t f = h_.n_ff;
+        std::vector<int32_t> idx(f);
+        std::vector<uint8_t> xg(PreparedBytes(y.gate.type, d)), xu(PreparedBytes(y.up.type, d));
+        for (int64_t t = 0; t < n; ++t) {
+          PrepareActivations(y.gate.type, BestIsa(), &xn[t * d], d, xg.data());
+          PrepareActivations(y.up.type, BestIsa(), &xn[t * d], d, xu.data());
+          std::iota(idx.begin(), idx.end(), 0);
+          std::fill_n(&xb[t * d], d, 0.0f);
+          GateFirstRows(BestIsa(), h_.activation, y.gate, xg.data(), y.up, xu.data(), y.down_t,
+                        idx.data(), f, sparse ? y.gate_threshold : off, y.gate_scale,
+                        sparse ? y.magnitude_threshold : off, &g[t * f], &u[t * f], &xb[t * d]);
+        }
+        gate_first_tokens_->fetch_add(n);
       } else {
         MatMul(pool_, L.ffn_gate, xn.data(), n, g.data(), scratch_);
         MatMul(pool_, L.ffn_up, xn.data(), n, u.data(), scratch_);
@@ -248,6 +268,7 @@ class CpuLayers : public gpu::GpuLayers {
  private:
   std::atomic<int64_t>* resident_calls_;
   std::atomic<int64_t>* input_sparse_tokens_;
+  std::atomic<int64_t>* gate_first_tokens_;
   gpu::GpuLayersSpec spec_;
   const LlamaModel& m_;
   const LlamaHparams& h_;
@@ -459,14 +480,16 @@ absl::StatusOr<std::unique_ptr<gpu::GpuLayers>> CpuStandInDevice::CreateLayers(
     return absl::InvalidArgumentError("stand-in layers: a spec of the model's layers");
   }
   for (int64_t l = 0; l < spec.model->hparams().n_layer; ++l) {
-    if (!spec.layers[l] || !spec.input_sparse_on(l)) continue;
-    if (absl::Status s = gpu::CheckInputSparseLayer(spec.input_sparse[l], spec.model->hparams(), l);
-        !s.ok()) {
-      return s;
-    }
+    if (!spec.layers[l]) continue;
+    const LlamaHparams& h = spec.model->hparams();
+    absl::Status s = spec.input_sparse_on(l)
+                         ? gpu::CheckInputSparseLayer(spec.input_sparse[l], h, l)
+                     : spec.gate_first_on(l) ? gpu::CheckGateFirstLayer(spec.gate_first[l], h, l)
+                                             : absl::OkStatus();
+    if (!s.ok()) return s;
   }
-  auto layers =
-      std::make_unique<CpuLayers>(spec, &layer_calls_, &resident_calls_, &input_sparse_tokens_);
+  auto layers = std::make_unique<CpuLayers>(spec, &layer_calls_, &resident_calls_,
+                                            &input_sparse_tokens_, &gate_first_tokens_);
   if (absl::Status s = layers->Init(); !s.ok()) return s;
   return std::unique_ptr<gpu::GpuLayers>(std::move(layers));
 }

@@ -4,9 +4,10 @@
 // the CPU's operators and a KV cache of their own; its FFN executor computes the device part of
 // a hybrid layer with the scalar row dots and the axpy reference, in both modes (the resident
 // one: only the host's partial sum crosses back); an input-sparse whole layer reads its column
-// layouts as the CUDA kernel does. Both reserve in the spec's budget the bytes the CUDA backend
-// would (gpu::ComputeGpuLayersMemory, the device rows), so a cap refuses here
-// what it refuses on a GPU. Test and benchmark use only: it is slow and allocates per call.
+// layouts as the CUDA kernel does, a gate-first one the CPU's gate-first rows. Both reserve in the
+// spec's budget the bytes the CUDA backend would (gpu::ComputeGpuLayersMemory, the device rows), so
+// a cap refuses here what it refuses on a GPU. Test and benchmark use only: it is slow and
+// allocates per call.
 #pragma once
 
 #include <atomic>
@@ -43,6 +44,8 @@ class CpuStandInDevice : public gpu::Device {
   int64_t resident_calls() const { return resident_calls_.load(); }
   // Token-layers its whole layers ran input-sparse (through their column layouts).
   int64_t input_sparse_tokens() const { return input_sparse_tokens_.load(); }
+  // Token-layers its whole layers ran gate-first.
+  int64_t gate_first_tokens() const { return gate_first_tokens_.load(); }
 
  private:
   const uint64_t free_bytes_;
@@ -50,6 +53,7 @@ class CpuStandInDevice : public gpu::Device {
   mutable std::atomic<int64_t> ffn_launches_{0};
   mutable std::atomic<int64_t> resident_calls_{0};
   mutable std::atomic<int64_t> input_sparse_tokens_{0};
+  mutable std::atomic<int64_t> gate_first_tokens_{0};
 };
 
 }  // namespace thermocline

@@ -27,6 +27,7 @@ json RunsOnJson(const EnginePlacement& p) {
           {"gpu_requested", p.gpu_requested},
           {"whole_gpu_layers", p.gpu_layers},
           {"input_sparse_gpu_layers", p.gpu_input_sparse_layers},
+          {"gate_first_gpu_layers", p.gpu_gate_first_layers},
           {"attention_gpu_layers", p.gpu_layers + p.attention_gpu_layers},
           {"n_layer", p.n_layer},
           {"output_head", p.output_gpu ? "gpu" : "cpu"},

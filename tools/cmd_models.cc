@@ -75,10 +75,12 @@ std::string RunsOnText(const json& m) {
       static_cast<int64_t>(Num(r, "ffn_neurons_on_gpu", 0)),
       static_cast<int64_t>(Num(r, "ffn_neurons", 0)));
   if (const int64_t whole = static_cast<int64_t>(Num(r, "whole_gpu_layers", 0)); whole > 0) {
-    const int64_t sparse = static_cast<int64_t>(Num(r, "input_sparse_gpu_layers", 0));
-    absl::StrAppend(&out, sparse > 0 ? absl::StrFormat(" (%d whole layers, %d of them input-sparse)",
-                                                       whole, sparse)
-                                     : absl::StrFormat(" (%d whole layers, dense FFN)", whole));
+    const int64_t input_sparse = static_cast<int64_t>(Num(r, "input_sparse_gpu_layers", 0));
+    const int64_t gate_first = static_cast<int64_t>(Num(r, "gate_first_gpu_layers", 0));
+    absl::StrAppend(&out, absl::StrFormat(" (%d whole layers", whole));
+    if (input_sparse > 0) absl::StrAppend(&out, absl::StrFormat(", %d input-sparse", input_sparse));
+    if (gate_first > 0) absl::StrAppend(&out, absl::StrFormat(", %d gate-first", gate_first));
+    absl::StrAppend(&out, input_sparse + gate_first < whole ? ", the rest dense FFN)" : ")");
   }
   if (const std::string note = Str(r, "note"); !note.empty()) absl::StrAppend(&out, "; ", note);
   return out;

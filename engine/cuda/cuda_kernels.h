@@ -103,6 +103,10 @@ void BiasRelu(float* h, const float* b, int64_t n, cudaStream_t s);
 // idx = the k < n (ascending) with logits[k] + b2[table[k]] > threshold; *count = how many.
 void ThresholdCompact(const float* logits, const float* b2, const int32_t* table, int64_t n,
                       float threshold, int32_t* idx, int32_t* count, cudaStream_t s);
+// Gate-first: idx = the slots k < n (ascending) with |silu(gate[k])| · (scale ? scale[k] : 1) >
+// threshold, kept[j] = gate[idx[j]]; *count = how many. One thread block.
+void GateFirstCompact(const float* gate, const float* scale, int64_t n, float threshold,
+                      int32_t* idx, float* kept, int32_t* count, cudaStream_t s);
 // The resident predictor's split: every neuron k < n with logits[k] + b2[k] > threshold (all of
 // them when logits is null), the device's (compact_of[k] >= 0) as compact rows into dev_idx, the
 // host's as neuron ids into host_idx, both ascending, with their counts.

@@ -8,7 +8,8 @@
 // position and run as CUDA graphs (cuda_graph.h): whole layers as one graph per range of layers,
 // a resident hybrid layer as one graph for its attention and one for the executor's half. An
 // input-sparse layer (spec.input_sparse) holds its q, k, v, gate, up and down as column layouts
-// and reads, per decode token, only the columns of the inputs past its thresholds.
+// and reads, per decode token, only the columns of the inputs past its thresholds; a gate-first
+// layer (spec.gate_first) reads every gate row, then the up and down_t rows of the slots that fire.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -37,7 +38,12 @@ struct DevLayer {
   // Input-sparse: the column layouts (qkv stacked, or q, k, v) and the thresholds.
   bool input_sparse = false;
   DevColumn qkv_c, q_c, k_c, v_c, gate_c, up_c, down_c;
-  InputSparseLayer thresholds;       // its thresholds only (the layouts are above)
+  InputSparseLayer thresholds;  // its thresholds only (the layouts are above)
+  // Gate-first: the sparse copies' gate, up and down_t rows, the gate scale (null: 1), thresholds.
+  bool gate_first = false;
+  DevMatrix gf_gate, gf_up, gf_down_t;
+  const float* gf_scale = nullptr;
+  float gf_gate_threshold = 0, gf_magnitude_threshold = 0;
   const float* attn_norm = nullptr;  // (n_embd)
   const float* ffn_norm = nullptr;   // (n_embd)
   void* k_cache = nullptr;           // (n_ctx, kv_dim) of spec.kv_type
@@ -135,7 +141,11 @@ class CudaGpuLayers : public GpuLayers {
   float *d_tmp_ = nullptr, *d_gate_ = nullptr, *d_up_ = nullptr, *d_scores_ = nullptr;
   float *d_logits_ = nullptr, *d_k_ = nullptr, *d_v_ = nullptr;
   float* d_partial_ = nullptr;  // the column-sparse mat-vec's partial sums (input-sparse layers)
-  int32_t* d_pos_ = nullptr;    // (batch) the chunk's positions
+  // Gate-first layers: the fired slots (n_ff, then their count), their gate values, and the
+  // down_t axpy's partial sums.
+  int32_t* d_fired_ = nullptr;
+  float *d_fired_act_ = nullptr, *d_axpy_partial_ = nullptr;
+  int32_t* d_pos_ = nullptr;  // (batch) the chunk's positions
   void* d_xq_ = nullptr;
   // Pinned host buffers: x in and out plus the RoPE table, (batch, n_embd + rope_dim); the host
   // FFN's xn and output, (batch, n_embd) each; logits (n_vocab).
@@ -175,11 +185,25 @@ absl::Status CudaGpuLayers::Init() {
     };
     L.input_sparse = spec_.input_sparse_on(l);
     if (L.input_sparse) TC_RETURN_IF_ERROR(CheckInputSparseLayer(spec_.input_sparse[l], h_, l));
+    L.gate_first = spec_.gate_first_on(l);
+    if (L.gate_first) TC_RETURN_IF_ERROR(CheckGateFirstLayer(spec_.gate_first[l], h_, l));
     std::vector<Item> items = {{&W.wo, &L.wo, "wo"}};
     if (!L.input_sparse) {
       items.insert(items.end(), {{&W.wq, &L.wq, "wq"}, {&W.wk, &L.wk, "wk"}, {&W.wv, &L.wv, "wv"}});
     }
-    if (spec_.host_ffn == nullptr && !L.input_sparse) {
+    if (L.gate_first) {
+      const GateFirstLayer& y = spec_.gate_first[l];
+      items.push_back({&y.gate, &L.gf_gate, "gate-first gate rows"});
+      items.push_back({&y.up, &L.gf_up, "gate-first up rows"});
+      items.push_back({&y.down_t, &L.gf_down_t, "gate-first down_t rows"});
+      L.gf_gate_threshold = y.gate_threshold;
+      L.gf_magnitude_threshold = y.magnitude_threshold;
+      if (y.gate_scale != nullptr) {
+        absl::StatusOr<void*> sc = arena_.Upload(y.gate_scale, h_.n_ff * 4, name + "gate scale");
+        if (!sc.ok()) return sc.status();
+        L.gf_scale = static_cast<const float*>(*sc);
+      }
+    } else if (spec_.host_ffn == nullptr && !L.input_sparse) {
       items.push_back({&W.ffn_gate, &L.gate, "ffn_gate"});
       items.push_back({&W.ffn_up, &L.up, "ffn_up"});
       items.push_back({&W.ffn_down, &L.down, "ffn_down"});
@@ -253,6 +277,20 @@ absl::Status CudaGpuLayers::Init() {
         arena_.AllocateArray<float>(b.n, absl::StrCat("GPU layers scratch (", b.what, ")"));
     if (!p.ok()) return p.status();
     *b.p = *p;
+  }
+  if (s.fired > 0) {
+    absl::StatusOr<int32_t*> fired =
+        arena_.AllocateArray<int32_t>(s.fired, "GPU layers scratch (gate-first slots)");
+    if (!fired.ok()) return fired.status();
+    d_fired_ = *fired;
+    absl::StatusOr<float*> act =
+        arena_.AllocateArray<float>(s.fired_act, "GPU layers scratch (gate-first activations)");
+    if (!act.ok()) return act.status();
+    d_fired_act_ = *act;
+    absl::StatusOr<float*> partial =
+        arena_.AllocateArray<float>(s.axpy_partial, "GPU layers scratch (down_t partial sums)");
+    if (!partial.ok()) return partial.status();
+    d_axpy_partial_ = *partial;
   }
   if (s.column_partial > 0) {
     absl::StatusOr<float*> partial =
@@ -341,6 +379,21 @@ void CudaGpuLayers::DenseFfn(const DevLayer& L, int64_t t, bool sparse) {
                           nullptr, stream_);
     // Down reads the activations past the magnitude threshold.
     ColumnMatVec(L.down_c, d_gate_, sparse ? th.magnitude_threshold : -1.0f, d_tmp_);
+    cuda::Add(x, d_tmp_, d, stream_);
+    return;
+  }
+  if (L.gate_first) {
+    // Every gate row; the slots whose |silu(g)| · scale passes (all for a dense prompt) with
+    // their g; up rows of those; act(g) · u past the magnitude threshold; the down_t axpy.
+    const int32_t* count = d_fired_ + h_.n_ff;
+    MatVec(L.gf_gate, xn, d_gate_);
+    cuda::GateFirstCompact(d_gate_, L.gf_scale, h_.n_ff, sparse ? L.gf_gate_threshold : -1.0f,
+                           d_fired_, d_fired_act_, d_fired_ + h_.n_ff, stream_);
+    cuda::MatVec(L.gf_up, Input(L.gf_up, xn, d), d_fired_, count, h_.n_ff, d_up_, stream_);
+    cuda::GatedActivation(static_cast<int>(h_.activation), d_fired_act_, d_up_, count, h_.n_ff,
+                          sparse ? L.gf_magnitude_threshold : -1.0f, nullptr, stream_);
+    cuda::SparseAxpy(L.gf_down_t, d_fired_, d_fired_act_, count, h_.n_ff, d_axpy_partial_, d_tmp_,
+                     stream_);
     cuda::Add(x, d_tmp_, d, stream_);
     return;
   }

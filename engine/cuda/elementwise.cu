@@ -201,6 +201,39 @@ __global__ void ThresholdCompactKernel(const float* logits, const float* b2, con
   if (threadIdx.x == kCompactThreads - 1) *count = offsets[threadIdx.x];
 }
 
+// One block: the gate-first slots k < n with |silu(gate[k])| · scale[k] > threshold (ascending,
+// each thread's stretch of k at its scanned offset) and their gate values.
+__global__ void GateFirstCompactKernel(const float* gate, const float* scale, int64_t n,
+                                       float threshold, int32_t* idx, float* kept, int32_t* count) {
+  __shared__ int offsets[kCompactThreads];
+  auto fires = [&](int64_t k) {
+    const float g = gate[k];
+    const float a = fabsf(g / (1.0f + expf(-g)));
+    return (scale != nullptr ? a * scale[k] : a) > threshold;
+  };
+  const int64_t chunk = (n + kCompactThreads - 1) / kCompactThreads;
+  const int64_t begin = threadIdx.x * chunk;
+  const int64_t end = min(begin + chunk, n);
+  int mine = 0;
+  for (int64_t k = begin; k < end; ++k) mine += fires(k);
+  offsets[threadIdx.x] = mine;
+  __syncthreads();
+  for (int stride = 1; stride < kCompactThreads; stride *= 2) {  // inclusive Hillis-Steele scan
+    const int add = threadIdx.x >= stride ? offsets[threadIdx.x - stride] : 0;
+    __syncthreads();
+    offsets[threadIdx.x] += add;
+    __syncthreads();
+  }
+  int at = offsets[threadIdx.x] - mine;
+  for (int64_t k = begin; k < end; ++k) {
+    if (fires(k)) {
+      idx[at] = static_cast<int32_t>(k);
+      kept[at++] = gate[k];
+    }
+  }
+  if (threadIdx.x == kCompactThreads - 1) *count = offsets[threadIdx.x];
+}
+
 // One block: the neurons k < n with logits[k] + b2[k] > threshold, split by where they run:
 // compact_of[k] >= 0 (the device's) into dev_idx as compact rows, the others into host_idx as
 // neuron ids; both lists ascending, each thread's stretch of k written at its scanned offsets.
@@ -321,6 +354,11 @@ void BiasRelu(float* h, const float* b, int64_t n, cudaStream_t s) {
 void ThresholdCompact(const float* logits, const float* b2, const int32_t* table, int64_t n,
                       float threshold, int32_t* idx, int32_t* count, cudaStream_t s) {
   ThresholdCompactKernel<<<1, kCompactThreads, 0, s>>>(logits, b2, table, n, threshold, idx, count);
+}
+
+void GateFirstCompact(const float* gate, const float* scale, int64_t n, float threshold,
+                      int32_t* idx, float* kept, int32_t* count, cudaStream_t s) {
+  GateFirstCompactKernel<<<1, kCompactThreads, 0, s>>>(gate, scale, n, threshold, idx, kept, count);
 }
 
 void SplitCompact(const float* logits, const float* b2, const int32_t* compact_of, int64_t n,

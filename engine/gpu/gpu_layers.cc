@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/gpu/axpy_splits.h"
 #include "engine/model/model_support.h"
 #include "engine/ops/ggml_types.h"
 #include "engine/ops/type_table.h"
@@ -61,6 +62,12 @@ GpuLayersScratch ScratchOf(const GpuLayersSpec& spec) {
     // A stacked q | k | v lands in gate's scratch first.
     s.gate = std::max(s.gate, h.q_dim() + h.kv_dim() + h.v_dim());
   }
+  for (size_t l = 0; l < spec.layers.size(); ++l) {
+    if (!spec.layers[l] || !spec.gate_first_on(static_cast<int64_t>(l))) continue;
+    s.fired = h.n_ff + 1;
+    s.fired_act = h.n_ff;
+    s.axpy_partial = static_cast<int64_t>(AxpyPartialSplits(h.n_ff)) * h.n_embd;
+  }
   return s;
 }
 
@@ -81,6 +88,10 @@ GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec) {
     mem.scratch += Granules(n * sizeof(float));
   }
   if (s.column_partial > 0) mem.scratch += Granules(s.column_partial * sizeof(float));
+  if (s.fired > 0) {
+    mem.scratch += Granules(s.fired * sizeof(int32_t)) + Granules(s.fired_act * sizeof(float)) +
+                   Granules(s.axpy_partial * sizeof(float));
+  }
   mem.scratch += Granules(s.pos * sizeof(int32_t));
   mem.scratch += Granules(s.xq_bytes);
   const uint64_t norm = Granules(h.n_embd * sizeof(float));
@@ -93,6 +104,12 @@ GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec) {
       for (const ColumnLayout* c : LayoutsOf(spec.input_sparse[l])) {
         bytes += ColumnLayoutDeviceBytes(*c);
       }
+    } else if (spec.gate_first_on(l)) {
+      const GateFirstLayer& y = spec.gate_first[l];
+      for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &y.gate, &y.up, &y.down_t}) {
+        bytes += MatrixBytes(*w);
+      }
+      if (y.gate_scale != nullptr) bytes += Granules(h.n_ff * sizeof(float));
     } else {
       for (const WeightView* w : {&L.wq, &L.wk, &L.wv}) bytes += MatrixBytes(*w);
       if (spec.host_ffn == nullptr) {
@@ -122,6 +139,18 @@ absl::Status CheckInputSparseLayer(const InputSparseLayer& y, const LlamaHparams
   return absl::OkStatus();
 }
 
+absl::Status CheckGateFirstLayer(const GateFirstLayer& y, const LlamaHparams& h, int64_t layer) {
+  auto is = [](const WeightView& w, int64_t rows, int64_t cols) {
+    return w.data != nullptr && w.rows == rows && w.cols == cols;
+  };
+  if (!is(y.gate, h.n_ff, h.n_embd) || !is(y.up, h.n_ff, h.n_embd) ||
+      !is(y.down_t, h.n_ff, h.n_embd)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU layers: layer ", layer, "'s gate-first rows do not have the model's shapes"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text) {
   if (text == "auto") return kAutoLayers;
   int64_t n = 0;
@@ -135,13 +164,18 @@ absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text) {
 absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t requested,
                                               int64_t n_ctx, int64_t max_batch, uint64_t memory_cap,
                                               KvType kv_type,
-                                              std::vector<InputSparseLayer> input_sparse) {
+                                              std::vector<InputSparseLayer> input_sparse,
+                                              std::vector<GateFirstLayer> gate_first) {
   const int64_t n_layer = model.hparams().n_layer;
   if (absl::Status s = RequireLlamaLayers(model, "--gpu-layers"); !s.ok()) return s;
   if (!input_sparse.empty() && static_cast<int64_t>(input_sparse.size()) != n_layer) {
     return absl::InvalidArgumentError(absl::StrCat("--gpu-layers: ", input_sparse.size(),
                                                    " input-sparse layer entries for ", n_layer,
                                                    " layers"));
+  }
+  if (!gate_first.empty() && static_cast<int64_t>(gate_first.size()) != n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu-layers: ", gate_first.size(), " gate-first layer entries for ", n_layer, " layers"));
   }
   for (int64_t l = 0; l < n_layer; ++l) {
     const LayerWeights& L = model.layers()[l];
@@ -152,6 +186,10 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
       for (const ColumnLayout* c : LayoutsOf(input_sparse[l])) {
         if (c->form == ColumnLayout::Form::kRows) matrices.push_back(&c->rows);
       }
+    } else if (l < static_cast<int64_t>(gate_first.size()) && gate_first[l].on()) {
+      TC_RETURN_IF_ERROR(CheckGateFirstLayer(gate_first[l], model.hparams(), l));
+      const GateFirstLayer& y = gate_first[l];
+      matrices.insert(matrices.end(), {&L.wq, &L.wk, &L.wv, &y.gate, &y.up, &y.down_t});
     } else {
       matrices.insert(matrices.end(), {&L.wq, &L.wk, &L.wv, &L.ffn_gate, &L.ffn_up, &L.ffn_down});
     }
@@ -171,6 +209,7 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
   spec.memory_cap = memory_cap;
   spec.kv_type = kv_type;
   spec.input_sparse = std::move(input_sparse);
+  spec.gate_first = std::move(gate_first);
   const GpuLayersMemory mem = ComputeGpuLayersMemory(spec);
   int64_t n = 0;
   if (requested == kAutoLayers) {

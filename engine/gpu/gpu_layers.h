@@ -34,9 +34,25 @@ struct InputSparseLayer {
   bool on() const { return !gate.empty(); }
 };
 
+// A gate-first layer (docs/sparse.md, "gate-first") on the device: every gate row, then the up
+// and down_t rows only of the neurons whose |act(gate)| · scale passes gate_threshold, their
+// activations past magnitude_threshold. The rows are the sparse weights' copies, in their slot
+// order (the same permutation in all three).
+struct GateFirstLayer {
+  WeightView gate, up;                // (n_ff, n_embd)
+  WeightView down_t;                  // (n_ff, n_embd): down's columns as rows
+  const float* gate_scale = nullptr;  // (n_ff), or null: 1
+  float gate_threshold = 0;
+  float magnitude_threshold = 0;
+  bool on() const { return down_t.data != nullptr; }
+};
+
 // OK when y's layouts have the shapes of a layer of h (q|k|v or q, k, v from n_embd inputs, gate
 // and up n_ff outputs from n_embd, down n_embd from n_ff); InvalidArgumentError naming `layer`.
 absl::Status CheckInputSparseLayer(const InputSparseLayer& y, const LlamaHparams& h, int64_t layer);
+
+// The same for a gate-first layer's rows (gate, up and down_t: n_ff rows of n_embd).
+absl::Status CheckGateFirstLayer(const GateFirstLayer& y, const LlamaHparams& h, int64_t layer);
 
 struct GpuLayersSpec {
   const LlamaModel* model = nullptr;
@@ -76,6 +92,14 @@ struct GpuLayersSpec {
     return host_ffn == nullptr && l >= 0 && l < static_cast<int64_t>(input_sparse.size()) &&
            input_sparse[l].on();
   }
+  // Empty, or (n_layer): a GPU layer whose entry is on() (and not input-sparse) runs its FFN
+  // gate-first (a whole layer only), from these rows instead of the model's gate, up and down;
+  // the views must outlive the GpuLayers.
+  std::vector<GateFirstLayer> gate_first;
+  bool gate_first_on(int64_t l) const {
+    return host_ffn == nullptr && !input_sparse_on(l) && l >= 0 &&
+           l < static_cast<int64_t>(gate_first.size()) && gate_first[l].on();
+  }
 };
 
 // Device bytes of a spec, each allocation rounded as MemoryBudget accounts it.
@@ -98,6 +122,9 @@ struct GpuLayersScratch {
   // The input-sparse layers' partial sums (column_layout.h's ColumnGrid): the largest
   // splits · out of their layouts; 0 without such layers.
   int64_t column_partial = 0;
+  // Gate-first layers: the fired slots (n_ff + 1 int32: the list, then its length), their
+  // activations (n_ff), and the down_t axpy's partial sums; 0 without such layers.
+  int64_t fired = 0, fired_act = 0, axpy_partial = 0;
 };
 GpuLayersScratch ScratchOf(const GpuLayersSpec& spec);
 
@@ -108,13 +135,14 @@ absl::StatusOr<int64_t> ParseGpuLayers(const std::string& text);
 
 // The -ngl plan: the first n layers on the GPU, n as many as fit under memory_cap with a dense
 // FFN (spec.host_ffn null) when requested == kAutoLayers, else min(requested, n_layer); the
-// output head too when every layer is on the GPU and it fits. input_sparse: empty, or (n_layer)
-// as GpuLayersSpec's, the layers it marks sized by their layouts. ResourceExhaustedError naming
-// the sizes when a requested count does not fit.
+// output head too when every layer is on the GPU and it fits. input_sparse, gate_first: empty,
+// or (n_layer) as GpuLayersSpec's, the layers they mark sized by their layouts and rows.
+// ResourceExhaustedError naming the sizes when a requested count does not fit.
 absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t requested,
                                               int64_t n_ctx, int64_t max_batch, uint64_t memory_cap,
                                               KvType kv_type,
-                                              std::vector<InputSparseLayer> input_sparse = {});
+                                              std::vector<InputSparseLayer> input_sparse = {},
+                                              std::vector<GateFirstLayer> gate_first = {});
 
 // A spec's layers on the device, as a Session layer backend; per session (it holds the KV cache
 // of its layers). UnavailableError without a CUDA device, ResourceExhaustedError past the cap,

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace thermocline {
 namespace {
@@ -149,17 +150,27 @@ absl::Status Engine::PlanDevice() {
   placement_.gpu_cap = cap;
   const LlamaHparams& h = model_.hparams();
 
-  // An input-sparse plan has no neurons to place: its layers go whole, input-sparse there too.
+  // An input-sparse or gate-first plan has no neurons to place unless a placement was solved for
+  // it: its layers go whole, input-sparse or gate-first there too.
   std::vector<gpu::InputSparseLayer> input_sparse =
       weights_ != nullptr ? DeviceInputSparse(*weights_) : std::vector<gpu::InputSparseLayer>();
-  const bool placed =
-      experts_ != nullptr ||
-      (plan_.has_value() &&
-       (!plan_->attention_gpu.empty() ||
-        std::any_of(weights_->plan().begin(), weights_->plan().end(),
-                    [](const SparseLayerPlan& p) { return !p.device_neurons.empty(); })));
+  std::vector<gpu::GateFirstLayer> gate_first =
+      weights_ != nullptr ? DeviceGateFirst(*weights_) : std::vector<gpu::GateFirstLayer>();
+  // (An input-sparse layer has no device neurons: a placement solved into the sidecar places
+  // nothing of a plan whose every layer is input-sparse.)
+  bool placed = experts_ != nullptr;
+  if (plan_.has_value() && weights_ != nullptr) {
+    const std::vector<SparseLayerPlan>& layers = weights_->plan();
+    const bool all_input_sparse = std::all_of(
+        layers.begin(), layers.end(),
+        [](const SparseLayerPlan& p) { return p.method == SparseMethod::kInputSparse; });
+    placed = (!plan_->attention_gpu.empty() && !all_input_sparse) ||
+             std::any_of(layers.begin(), layers.end(), [](const SparseLayerPlan& p) {
+               return p.method != SparseMethod::kInputSparse && !p.device_neurons.empty();
+             });
+  }
   if (options_.gpu_layers != kNoGpuLayers || !plan_.has_value() ||
-      (!input_sparse.empty() && !placed)) {
+      ((!input_sparse.empty() || !gate_first.empty()) && !placed)) {
     // Whole layers, the first ones (-ngl), dense or input-sparse as the plan's layers are; the
     // sparse FFN (if any) runs the CPU layers.
     const int64_t requested =
@@ -167,7 +178,7 @@ absl::Status Engine::PlanDevice() {
     if (requested == 0) return absl::OkStatus();
     absl::StatusOr<gpu::GpuLayersSpec> spec =
         gpu::PlanWholeLayers(model_, requested, n_ctx_, options_.max_batch, cap, options_.kv_type,
-                             std::move(input_sparse));
+                             std::move(input_sparse), std::move(gate_first));
     if (!spec.ok()) return spec.status();
     spec->dense_prefill = options_.dense_prefill;
     const int64_t n = CountOn(spec->layers);
@@ -183,9 +194,9 @@ absl::Status Engine::PlanDevice() {
     placement_.device = info->name;
     placement_.gpu_layers = n;
     for (int64_t l = 0; l < h.n_layer; ++l) {
-      if (layers_spec_.layers[l] && layers_spec_.input_sparse_on(l)) {
-        ++placement_.gpu_input_sparse_layers;
-      }
+      if (!layers_spec_.layers[l]) continue;
+      if (layers_spec_.input_sparse_on(l)) ++placement_.gpu_input_sparse_layers;
+      if (layers_spec_.gate_first_on(l)) ++placement_.gpu_gate_first_layers;
     }
     placement_.output_gpu = layers_spec_.output;
     placement_.gpu_bytes = gpu::ComputeGpuLayersMemory(layers_spec_).Total(layers_spec_);
@@ -362,6 +373,7 @@ absl::Status Engine::AttachDevice(EngineSession* s, ThreadPool* pool) const {
     p.device = placement_.device;
     p.gpu_layers = s->layers_->n_gpu_layers();
     p.gpu_input_sparse_layers = placement_.gpu_input_sparse_layers;
+    p.gpu_gate_first_layers = placement_.gpu_gate_first_layers;
     p.output_gpu = s->layers_->output_on_gpu();
     p.gpu_bytes = s->layers_->device_bytes();
     return absl::OkStatus();
@@ -458,10 +470,15 @@ std::string DescribePlacement(const EnginePlacement& p) {
     out = absl::StrCat("experts on ", p.device, ": ", p.gpu_experts, " of ", p.experts,
                        " experts (the rest, the router and attention on the CPU)");
   } else if (p.gpu_layers > 0) {
+    std::vector<std::string> sparse;
+    if (p.gpu_input_sparse_layers > 0) {
+      sparse.push_back(absl::StrCat(p.gpu_input_sparse_layers, " input-sparse"));
+    }
+    if (p.gpu_gate_first_layers > 0) {
+      sparse.push_back(absl::StrCat(p.gpu_gate_first_layers, " gate-first"));
+    }
     out = absl::StrCat(p.gpu_layers, "/", p.n_layer, " whole layers",
-                       p.gpu_input_sparse_layers > 0
-                           ? absl::StrCat(" (", p.gpu_input_sparse_layers, " input-sparse)")
-                           : "",
+                       sparse.empty() ? "" : absl::StrCat(" (", absl::StrJoin(sparse, ", "), ")"),
                        p.output_gpu ? " and the output head" : "", " on ", p.device);
   } else {
     out = absl::StrCat("hybrid on ", p.device, ": ", p.attention_gpu_layers, "/", p.n_layer,

@@ -90,6 +90,7 @@ struct EnginePlacement {
   int64_t n_layer = 0;
   int64_t gpu_layers = 0;               // whole layers on the device (attention and dense FFN)
   int64_t gpu_input_sparse_layers = 0;  // of those, layers that run input-sparse there
+  int64_t gpu_gate_first_layers = 0;    // and those that run their FFN gate-first there
   int64_t attention_gpu_layers = 0;     // hybrid layers: attention on the device, the FFN split
   bool output_gpu = false;              // the output norm and head on the device
   int64_t gpu_neurons = 0;              // FFN neurons computed on the device, all layers

@@ -462,6 +462,25 @@ std::vector<gpu::InputSparseLayer> DeviceInputSparse(const SparseWeights& weight
   return out;
 }
 
+std::vector<gpu::GateFirstLayer> DeviceGateFirst(const SparseWeights& weights) {
+  std::vector<gpu::GateFirstLayer> out;
+  const int n_layer = static_cast<int>(weights.plan().size());
+  for (int l = 0; l < n_layer; ++l) {
+    const SparseLayerPlan& p = weights.plan()[l];
+    if (p.method != SparseMethod::kGateFirst) continue;
+    out.resize(n_layer);
+    const SparseWeights::Layer& y = weights.layer(l);
+    gpu::GateFirstLayer& d = out[l];
+    d.gate = y.gate;
+    d.up = y.up;
+    d.down_t = y.down_t.view;
+    d.gate_scale = y.gate_scale.empty() ? nullptr : y.gate_scale.data();
+    d.gate_threshold = p.gate_threshold;
+    d.magnitude_threshold = p.magnitude_threshold;
+  }
+  return out;
+}
+
 int64_t SparseFfn::KeepInputs(const float* x, int64_t n, float threshold) {
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -92,6 +92,9 @@ class SparseWeights {
 // without any, else (n_layer), each input-sparse layer's layouts and thresholds. The layouts
 // are weights'.
 std::vector<gpu::InputSparseLayer> DeviceInputSparse(const SparseWeights& weights);
+// Its gate-first layers likewise: each one's gate, up and down_t copies (slot order), gate
+// scale and thresholds. The views are weights'.
+std::vector<gpu::GateFirstLayer> DeviceGateFirst(const SparseWeights& weights);
 
 struct SparseFfnOptions {
   bool oracle = false;  // exact active set from dense gate/up instead of the predictor

@@ -1,8 +1,9 @@
-// Input-sparse layers on the device (whole GPU layers, docs/sparse.md "Input-sparse"): the
-// column-sparse mat-vec the device runs, against the CPU's reference, for every layout form; the
-// device memory an input-sparse layer takes; and the front door's placement of an input-sparse
-// plan, whose tokens must be the CPU input-sparse path's. The front-door cases run on the CPU
-// stand-in device ([gpu], every machine) and on CUDA ([cuda], where a device exists).
+// The SwiGLU sparse methods in whole GPU layers: input-sparse (docs/sparse.md "Input-sparse"):
+// the column-sparse mat-vec the device runs, against the CPU's reference, for every layout form;
+// the device memory an input-sparse layer takes; the front door's placement of an input-sparse
+// plan, whose tokens must be the CPU input-sparse path's; and gate-first layers likewise. The
+// front-door cases run on the CPU stand-in device ([gpu], every machine) and on CUDA ([cuda],
+// where a device exists).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "engine/runtime/engine.h"
 #include "engine/sparse/column_sparse.h"
 #include "model_fixtures.h"
+#include "offline/sparse_source.h"
 #include "sparse_fixtures.h"
 
 namespace thermocline {
@@ -265,7 +267,14 @@ void InputSparseOnDevice(const gpu::Device* device, const LlamaModel& model) {
     o.device = device;
     o.gpu_layers = c.gpu_layers;
     o.gpu_memory = c.gpu_memory;
-    auto s = NewEngineSession(model, InputSparsePlan(model, kThreshold), pool, o);
+    SparsePlan plan = InputSparsePlan(model, kThreshold);
+    if (c.gpu_memory > 0) {
+      // A placement solved into the sidecar (as `profile` writes one) places nothing of an
+      // input-sparse plan: its layers still go whole.
+      plan.attention_gpu.assign(h.n_layer, 1);
+      for (SparseLayerPlan& l : plan.layers) l.device_neurons = {0, 1, 2};
+    }
+    auto s = NewEngineSession(model, std::move(plan), pool, o);
     const EnginePlacement& p = s->placement();
     INFO(DescribePlacement(p));
     CHECK(p.note.empty());
@@ -300,6 +309,89 @@ void InputSparseOnDevice(const gpu::Device* device, const LlamaModel& model) {
   const std::vector<float> got_all = PromptLogits(s->session());
   CHECK(MaxRelDiff(got_all.data(), want_all.data(), got_all.size()) <= 1e-3);
   CHECK(MaxRelDiff(want_all.data(), want_prompt.data(), want_all.size()) > 1e-2);
+}
+
+// A gate-first plan from a profile of `file` at sparsity 0.5, on `device`: all layers and half of
+// them give the CPU gate-first path's greedy tokens and logits (every token sparse, as there),
+// and a prompt under dense prefill the CPU's dense-prefill logits.
+void GateFirstOnDevice(const gpu::Device* device, const std::string& file) {
+  const LlamaModel& model = CachedModel(TestModelPath(file));
+  const LlamaHparams& h = model.hparams();
+  const size_t n_vocab = static_cast<size_t>(h.n_vocab);
+  auto plan = [&] {
+    auto p = offline::SparsePlanFromSidecar(testing::ProfiledSidecar(file), model, 0.5,
+                                            offline::MethodChoice::kGateFirst);
+    INFO(p.status().ToString());
+    REQUIRE(p.ok());
+    return *std::move(p);
+  };
+  ThreadPool pool(2);
+  EngineOptions every = Options(nullptr);
+  every.dense_prefill = false;
+  auto cpu = NewEngineSession(model, plan(), pool, every);
+  const std::vector<int32_t> want = GreedyIds(cpu->session(), kPrompt, 16);
+  const std::vector<float> want_decode(cpu->session().logits(), cpu->session().logits() + n_vocab);
+  const SparseFfnStats& st = cpu->sparse()->stats();
+  REQUIRE(st.layer_tokens > 0);
+  REQUIRE(st.up_rows / st.layer_tokens < 0.8 * h.n_ff);  // up rows skipped: a dense FFN would part
+  for (int64_t n : {gpu::kAutoLayers, h.n_layer / 2}) {
+    EngineOptions o = every;
+    o.device = device;
+    o.gpu_layers = n;
+    auto s = NewEngineSession(model, plan(), pool, o);
+    const EnginePlacement& p = s->placement();
+    INFO(DescribePlacement(p));
+    const int64_t on = n == gpu::kAutoLayers ? h.n_layer : n;
+    CHECK(p.note.empty());
+    CHECK(p.gpu_layers == on);
+    CHECK(p.gpu_gate_first_layers == on);
+    CHECK_THAT(DescribePlacement(p), Catch::Contains(" gate-first)"));
+    if (n == gpu::kAutoLayers) {
+      auto spec = gpu::PlanWholeLayers(model, gpu::kAutoLayers, o.n_ctx, o.max_batch,
+                                       gpu::MemoryBudget::kUnlimited, o.kv_type, {},
+                                       DeviceGateFirst(*s->sparse()->weights()));
+      REQUIRE(spec.ok());
+      CHECK(p.gpu_bytes == gpu::ComputeGpuLayersMemory(*spec).Total(*spec));
+    }
+    CHECK(GreedyIds(s->session(), kPrompt, 16) == want);
+    CHECK(MaxRelDiff(s->session().logits(), want_decode.data(), n_vocab) <= 1e-3);
+  }
+  // Dense prefill: every slot for a prompt, on both sides.
+  auto cpu_dense = NewEngineSession(model, plan(), pool, Options(nullptr));
+  const std::vector<float> want_prompt = PromptLogits(cpu_dense->session());
+  EngineOptions o = Options(device);
+  o.gpu_layers = gpu::kAutoLayers;
+  auto s = NewEngineSession(model, plan(), pool, o);
+  INFO(DescribePlacement(s->placement()));
+  REQUIRE(s->placement().gpu_gate_first_layers == h.n_layer);
+  const std::vector<float> got = PromptLogits(s->session());
+  CHECK(MaxRelDiff(got.data(), want_prompt.data(), got.size()) <= 1e-3);
+}
+
+const char* const kGateFirstFiles[] = {"kquants/stories-wide.q4_0.gguf",
+                                       "kquants/stories-wide.q8_0.gguf", "stories260K.gguf"};
+
+TEST_CASE("front door, stand-in device: gate-first whole layers give the CPU's tokens", "[gpu]") {
+  for (const char* name : kGateFirstFiles) {
+    if (!std::filesystem::exists(TestModelPath(name))) {
+      THERMOCLINE_SKIP(std::string(name) + " not found");
+    }
+    INFO(name);
+    CpuStandInDevice device;
+    GateFirstOnDevice(&device, name);
+    CHECK(device.gate_first_tokens() > 0);
+  }
+}
+
+TEST_CASE("front door, CUDA: gate-first whole layers give the CPU's tokens", "[cuda]") {
+  if (!gpu::DeviceAvailable()) THERMOCLINE_SKIP("no CUDA device: [cuda] case skipped");
+  for (const char* name : kGateFirstFiles) {
+    if (!std::filesystem::exists(TestModelPath(name))) {
+      THERMOCLINE_SKIP(std::string(name) + " not found");
+    }
+    INFO(name);
+    GateFirstOnDevice(&gpu::CudaDevice(), name);
+  }
 }
 
 TEST_CASE("front door, stand-in device: input-sparse whole layers give the CPU's tokens", "[gpu]") {
