@@ -5,8 +5,8 @@
 //       --gpu-layers N), the rest on the CPU;
 //   (c) dense, all on the CPU (the reference);
 // with the ratios (a)/(b) and each against (c). `--gpu-layers` without --gpu-compare measures
-// (b) and (c); with an input-sparse plan (--sidecar, --sparse-method input-sparse) also
-//   (s) its layers input-sparse, whole on the GPU as (b)'s, and (s') all on the CPU,
+// (b) and (c); with an input-sparse or gate-first plan (--sidecar, --sparse-method) also
+//   (s) its layers so, whole on the GPU as (b)'s, and (s') all on the CPU,
 // with (s)/(b), (s)'s greedy tokens held to (s')'s.
 #include <algorithm>
 #include <chrono>
@@ -237,7 +237,8 @@ int RunBenchGpuCompare(const Args& args) {
   if (*cap_arg > 0) ngl.gpu_memory = static_cast<uint64_t>(*cap_arg);
   EngineOptions cpu_only = base;
   cpu_only.device = nullptr;
-  // An input-sparse plan: its whole layers on the GPU, against the same plan on the CPU.
+  // An input-sparse or gate-first plan: its whole layers on the GPU, against the same plan on the
+  // CPU.
   std::optional<Row> cpu_input_sparse;
   if (!compare && args.Get("--sidecar")) {
     absl::StatusOr<std::optional<SparsePlan>> plan =
@@ -245,15 +246,16 @@ int RunBenchGpuCompare(const Args& args) {
     if (!plan.ok()) return Fail("bench", plan.status());
     if (!plan->has_value() ||
         std::none_of((*plan)->layers.begin(), (*plan)->layers.end(), [](const SparseLayerPlan& p) {
-          return p.method == SparseMethod::kInputSparse;
+          return p.method == SparseMethod::kInputSparse || p.method == SparseMethod::kGateFirst;
         })) {
       return Fail("bench",
                   absl::InvalidArgumentError(
-                      "--gpu-layers with --sidecar: whole GPU layers run an input-sparse "
-                      "plan (--sparse-method input-sparse); a hybrid placement is "
-                      "--gpu-compare's"),
+                      "--gpu-layers with --sidecar: whole GPU layers run an input-sparse or "
+                      "gate-first plan (--sparse-method input-sparse or gate-first); a hybrid "
+                      "placement is --gpu-compare's"),
                   true);
     }
+    const std::string method = SparseMethodsOf((*plan)->layers);
     // The prompt sparse too on both sides: with dense prefill the GPU reads every column of its
     // layouts (int8 activations) where the CPU reads its own matrices, and a context that
     // differs by that rounding would part their tokens at the first near-tie. Decode speed is
@@ -262,12 +264,12 @@ int RunBenchGpuCompare(const Args& args) {
     ngl_sparse.dense_prefill = false;
     EngineOptions cpu_sparse = cpu_only;
     cpu_sparse.dense_prefill = false;
-    auto s = Measure("(s) input-sparse, whole layers on the GPU", **model, pool, *std::move(plan),
+    auto s = Measure("(s) " + method + ", whole layers on the GPU", **model, pool, *std::move(plan),
                      ngl_sparse, *pt, *gt, r);
     if (!s.ok()) return Fail("bench", s.status());
     plan = SparsePlanFromArgs(args, **model, /*check_speed=*/false);  // a plan is moved per use
     if (!plan.ok()) return Fail("bench", plan.status());
-    auto sc = Measure("(s') input-sparse, all on the CPU", **model, pool, *std::move(plan),
+    auto sc = Measure("(s') " + method + ", all on the CPU", **model, pool, *std::move(plan),
                       cpu_sparse, *pt, *gt, r);
     if (!sc.ok()) return Fail("bench", sc.status());
     rows.push_back(*s);
@@ -394,7 +396,7 @@ int RunBenchGpuCompare(const Args& args) {
   }
   if (cpu_input_sparse.has_value()) {
     std::printf(
-        "(s)/(b) = %.2fx: input-sparse over dense, both whole layers on the GPU; (s) gave (s')'s "
+        "(s)/(b) = %.2fx: sparse over dense, both whole layers on the GPU; (s) gave (s')'s "
         "greedy tokens (%zu, or up to a near-tie: see the notes)\n",
         rows[0].tokens_per_s / rows[1].tokens_per_s, rows[2].tokens.size());
   }

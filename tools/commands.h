@@ -65,8 +65,7 @@ constexpr char kGpuLayersUsage[] =
     "                           under --gpu-memory, all without it), the rest on the CPU; all\n"
     "                           of them also puts the output head there (CUDA builds; without a\n"
     "                           device everything stays on the CPU). Dense, or input-sparse\n"
-    "                           where the sparse plan's layers are (--sparse-method\n"
-    "                           input-sparse)\n";
+    "                           or gate-first where the sparse plan's layers are\n";
 // The sparse plan of --sparse/--sidecar/--oracle/--target-sparsity (offline/sparse_source.h, the
 // same resolution the daemon uses); a sidecar beside the model that cannot be used, or that its
 // speed check measured slower than dense here (unless !check_speed: bench, which measures it),

@@ -90,9 +90,8 @@ TEST_CASE("bench --gpu-compare on the stand-in device: the rows' tokens agree, t
 namespace thermocline {
 namespace {
 
-TEST_CASE(
-    "bench --gpu-layers with an input-sparse plan: its layers on the device, held to the CPU's",
-    "[gpu][cli]") {
+TEST_CASE("bench --gpu-layers with an input-sparse or gate-first plan: held to the CPU's tokens",
+          "[gpu][cli]") {
   // A profile of a SwiGLU test model gives the input-sparse statistics; the plan at 0.5 on the
   // stand-in device: (s) whole layers input-sparse there, (s') the same plan on the CPU, whose
   // greedy tokens (s) must give; its speed on the stand-in means nothing.
@@ -112,6 +111,11 @@ TEST_CASE(
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.out, Catch::Contains("5/5 whole layers (5 input-sparse) and the output head"));
   CHECK_THAT(r.out, Catch::Contains("kept 50% of attention's inputs"));
+  CHECK_THAT(r.out, Catch::Contains("(s) gave (s')'s greedy tokens (16"));
+  r = testing::RunThermocline(bench + " --sparse-method gate-first");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("5/5 whole layers (5 gate-first) and the output head"));
   CHECK_THAT(r.out, Catch::Contains("(s) gave (s')'s greedy tokens (16"));
   // A plan of another method has no whole-layer form: said, not ignored.
   r = testing::RunThermocline(bench + " --sparse-method predicted");
