@@ -149,18 +149,10 @@ class CudaOps : public GpuOps {
   absl::Status ColumnMatVec(const ColumnLayout& c, const float* x, float threshold,
                             float* y) override {
     DeviceArena arena(&budget_);
-    arena.set_stream(stream_);  // uploads ordered before the kernels that read them
-    absl::StatusOr<cuda::DevColumn> d = cuda::UploadColumn(arena, c, "column layout");
-    if (!d.ok()) return d.status();
-    absl::StatusOr<void*> dx = arena.Upload(x, c.in * sizeof(float), "x");
-    absl::StatusOr<float*> partial =
-        arena.AllocateArray<float>(d->grid.splits * c.out, "column partial sums");
-    absl::StatusOr<float*> dy = arena.AllocateArray<float>(c.out, "y");
-    if (!dx.ok() || !partial.ok() || !dy.ok()) {
-      return !dx.ok() ? dx.status() : (!partial.ok() ? partial.status() : dy.status());
-    }
-    cuda::ColumnMatVec(*d, static_cast<const float*>(*dx), threshold, *partial, *dy, stream_);
-    return Download(*dy, y, c.out);
+    absl::StatusOr<ColumnCall> call = UploadColumnCall(arena, c, x);
+    if (!call.ok()) return call.status();
+    Launch(*call, threshold);
+    return Download(call->y, y, c.out);
   }
 
   absl::StatusOr<std::vector<int32_t>> Predict(const WeightView& fc1, absl::Span<const float> b1,
@@ -285,6 +277,21 @@ class CudaOps : public GpuOps {
   absl::StatusOr<double> TimeColumnMatVec(const ColumnLayout& c, const float* x, float threshold,
                                           int iters) override {
     DeviceArena arena(&budget_);
+    absl::StatusOr<ColumnCall> call = UploadColumnCall(arena, c, x);
+    if (!call.ok()) return call.status();
+    return TimeLaunches(iters, [&] { Launch(*call, threshold); });
+  }
+
+ private:
+  // A column mat-vec's operands on the device: the layout, x, the partial sums and y.
+  struct ColumnCall {
+    cuda::DevColumn c;
+    const float* x;
+    float* partial;
+    float* y;
+  };
+  absl::StatusOr<ColumnCall> UploadColumnCall(DeviceArena& arena, const ColumnLayout& c,
+                                              const float* x) {
     arena.set_stream(stream_);  // uploads ordered before the kernels that read them
     absl::StatusOr<cuda::DevColumn> d = cuda::UploadColumn(arena, c, "column layout");
     if (!d.ok()) return d.status();
@@ -295,12 +302,12 @@ class CudaOps : public GpuOps {
     if (!dx.ok() || !partial.ok() || !y.ok()) {
       return !dx.ok() ? dx.status() : (!partial.ok() ? partial.status() : y.status());
     }
-    return TimeLaunches(iters, [&] {
-      cuda::ColumnMatVec(*d, static_cast<const float*>(*dx), threshold, *partial, *y, stream_);
-    });
+    return ColumnCall{*d, static_cast<const float*>(*dx), *partial, *y};
+  }
+  void Launch(const ColumnCall& call, float threshold) {
+    cuda::ColumnMatVec(call.c, call.x, threshold, call.partial, call.y, stream_);
   }
 
- private:
   // The launches' own errors (a bad launch configuration is not reported by the sync), then the
   // stream's.
   absl::Status Sync(std::string_view what) {

@@ -178,39 +178,12 @@ __global__ void BiasReluKernel(float* h, const float* b, int64_t n) {
 // One block of 1024 threads; thread t owns the contiguous slice [t·chunk, (t+1)·chunk), so the
 // list comes out ascending after an exclusive scan of the slice counts.
 constexpr int kCompactThreads = 1024;
-__global__ void ThresholdCompactKernel(const float* logits, const float* b2, const int32_t* table,
-                                       int64_t n, float threshold, int32_t* idx, int32_t* count) {
-  __shared__ int offsets[kCompactThreads];
-  const int64_t chunk = (n + kCompactThreads - 1) / kCompactThreads;
-  const int64_t begin = threadIdx.x * chunk;
-  const int64_t end = min(begin + chunk, n);
-  int mine = 0;
-  for (int64_t k = begin; k < end; ++k) mine += logits[k] + b2[table[k]] > threshold;
-  offsets[threadIdx.x] = mine;
-  __syncthreads();
-  for (int stride = 1; stride < kCompactThreads; stride *= 2) {  // inclusive Hillis-Steele scan
-    const int add = threadIdx.x >= stride ? offsets[threadIdx.x - stride] : 0;
-    __syncthreads();
-    offsets[threadIdx.x] += add;
-    __syncthreads();
-  }
-  int at = offsets[threadIdx.x] - mine;
-  for (int64_t k = begin; k < end; ++k) {
-    if (logits[k] + b2[table[k]] > threshold) idx[at++] = static_cast<int32_t>(k);
-  }
-  if (threadIdx.x == kCompactThreads - 1) *count = offsets[threadIdx.x];
-}
 
-// One block: the gate-first slots k < n with |silu(gate[k])| · scale[k] > threshold (ascending,
-// each thread's stretch of k at its scanned offset) and their gate values.
-__global__ void GateFirstCompactKernel(const float* gate, const float* scale, int64_t n,
-                                       float threshold, int32_t* idx, float* kept, int32_t* count) {
+// The compaction of the k < n with fires(k): emit(k, at) for each, `at` its place in the
+// ascending list; returns the list's length (to every thread).
+template <class Fires, class Emit>
+__device__ int Compact(int64_t n, Fires fires, Emit emit) {
   __shared__ int offsets[kCompactThreads];
-  auto fires = [&](int64_t k) {
-    const float g = gate[k];
-    const float a = fabsf(g / (1.0f + expf(-g)));
-    return (scale != nullptr ? a * scale[k] : a) > threshold;
-  };
   const int64_t chunk = (n + kCompactThreads - 1) / kCompactThreads;
   const int64_t begin = threadIdx.x * chunk;
   const int64_t end = min(begin + chunk, n);
@@ -226,12 +199,35 @@ __global__ void GateFirstCompactKernel(const float* gate, const float* scale, in
   }
   int at = offsets[threadIdx.x] - mine;
   for (int64_t k = begin; k < end; ++k) {
-    if (fires(k)) {
-      idx[at] = static_cast<int32_t>(k);
-      kept[at++] = gate[k];
-    }
+    if (fires(k)) emit(k, at++);
   }
-  if (threadIdx.x == kCompactThreads - 1) *count = offsets[threadIdx.x];
+  return offsets[kCompactThreads - 1];
+}
+
+__global__ void ThresholdCompactKernel(const float* logits, const float* b2, const int32_t* table,
+                                       int64_t n, float threshold, int32_t* idx, int32_t* count) {
+  const int total = Compact(
+      n, [&](int64_t k) { return logits[k] + b2[table[k]] > threshold; },
+      [&](int64_t k, int at) { idx[at] = static_cast<int32_t>(k); });
+  if (threadIdx.x == 0) *count = total;
+}
+
+// One block: the gate-first slots k < n with |silu(gate[k])| · scale[k] > threshold, ascending,
+// and their gate values.
+__global__ void GateFirstCompactKernel(const float* gate, const float* scale, int64_t n,
+                                       float threshold, int32_t* idx, float* kept, int32_t* count) {
+  const int total = Compact(
+      n,
+      [&](int64_t k) {
+        const float g = gate[k];
+        const float a = fabsf(g / (1.0f + expf(-g)));
+        return (scale != nullptr ? a * scale[k] : a) > threshold;
+      },
+      [&](int64_t k, int at) {
+        idx[at] = static_cast<int32_t>(k);
+        kept[at] = gate[k];
+      });
+  if (threadIdx.x == 0) *count = total;
 }
 
 // One block: the neurons k < n with logits[k] + b2[k] > threshold, split by where they run:

@@ -172,6 +172,18 @@ __device__ __forceinline__ bool Kept(float x, float threshold) {
   return fabsf(x) > threshold && x != 0.0f;
 }
 
+// Kept rows read per step: their loads are issued before any is used, so that a warp keeps this
+// many reads in flight rather than waiting out each one's latency.
+constexpr int kRowsInFlight = 4;
+// The next kRowsInFlight set bits of `rest` (a warp-uniform mask), ascending, -1 past its last;
+// clears them.
+__device__ __forceinline__ void TakeRows(unsigned& rest, int (&row)[kRowsInFlight]) {
+  for (int j = 0; j < kRowsInFlight; ++j) {
+    row[j] = rest != 0 ? __ffs(static_cast<int>(rest)) - 1 : -1;
+    rest &= rest - 1;
+  }
+}
+
 // Integer forms: thread t of tile blockIdx.x reads word w = 128 blockIdx.x + t of every kept row:
 // 4 outputs (8-bit) or 8 (4-bit), consecutive within each nibble (column_layout.h's
 // OutputOfByte), and keeps their float sums over the blocks of its range blockIdx.y.
@@ -211,15 +223,9 @@ __global__ void ColumnIntKernel(const uint8_t* values, size_t row_bytes, const u
     for (int o = kWarp / 2; o > 0; o /= 2) qsum += __shfl_xor_sync(0xffffffffu, qsum, o);
     int acc[kOut];
     for (int k = 0; k < kOut; ++k) acc[k] = 0;
-    // Four kept rows at a time, their loads issued before any is used: a warp keeps four reads
-    // in flight rather than waiting out each one's latency.
-    constexpr int kRowsInFlight = 4;
     for (unsigned rest = kept; rest != 0;) {  // warp-uniform
       int row[kRowsInFlight];
-      for (int j = 0; j < kRowsInFlight; ++j) {
-        row[j] = rest != 0 ? __ffs(static_cast<int>(rest)) - 1 : -1;
-        rest &= rest - 1;
-      }
+      TakeRows(rest, row);
       uint32_t u[kRowsInFlight];
       for (int j = 0; j < kRowsInFlight; ++j) {
         u[j] = valid && row[j] >= 0 ? *reinterpret_cast<const uint32_t*>(
@@ -270,14 +276,9 @@ __global__ void ColumnRowsKernel(const uint8_t* w, size_t row_bytes, int64_t in,
   for (int64_t b = b0; b < b1; ++b) {
     const float xv = b * 32 + lane < in ? x[b * 32 + lane] : 0.0f;
     const unsigned kept = __ballot_sync(0xffffffffu, Kept(xv, threshold));
-    // As the integer kernel: four kept rows' loads in flight, then their products in row order.
-    constexpr int kRowsInFlight = 4;
-    for (unsigned rest = kept; rest != 0;) {  // warp-uniform
+    for (unsigned rest = kept; rest != 0;) {  // warp-uniform; products in row order
       int row[kRowsInFlight];
-      for (int j = 0; j < kRowsInFlight; ++j) {
-        row[j] = rest != 0 ? __ffs(static_cast<int>(rest)) - 1 : -1;
-        rest &= rest - 1;
-      }
+      TakeRows(rest, row);
       float v[kRowsInFlight];
       for (int j = 0; j < kRowsInFlight; ++j) {
         v[j] = o < out && row[j] >= 0 ? Element<T>(w + (b * 32 + row[j]) * row_bytes, o) : 0.0f;
