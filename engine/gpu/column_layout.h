@@ -33,8 +33,6 @@ struct ColumnLayout {
   WeightView rows;
 
   bool empty() const { return form == Form::kNone; }
-  // Outputs per 64-byte line of the integer forms.
-  int64_t line_outputs() const { return form == Form::kInt4 ? 128 : 64; }
 };
 
 // The output (within its line) that byte b (< 64) of a line holds: the 8-bit form's, and the
