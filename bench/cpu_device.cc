@@ -1,6 +1,7 @@
 #include "bench/cpu_device.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -35,7 +36,7 @@ void ColumnMatVecOnHost(const gpu::ColumnLayout& c, const float* x, float thresh
     }
     if (amax == 0.0f) continue;
     const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const float id = d >= FLT_MIN ? 1.0f / d : 0.0f;  // as ColumnInput
     std::fill(acc.begin(), acc.end(), 0);
     int32_t qsum = 0;
     for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {

@@ -49,6 +49,15 @@ class GpuOps {
   // x: (c.in).
   virtual absl::Status ColumnMatVec(const ColumnLayout& c, const float* x, float threshold,
                                     float* y) = 0;
+  // Gate-first's list: the slots k < gate.size() (ascending) with |silu(gate[k])| · scale[k]
+  // > threshold (scale empty: 1), and their gate values.
+  struct GateFirstList {
+    std::vector<int32_t> idx;
+    std::vector<float> gate;
+  };
+  virtual absl::StatusOr<GateFirstList> GateFirstCompact(absl::Span<const float> gate,
+                                                         absl::Span<const float> scale,
+                                                         float threshold) = 0;
   // Compact rows k (ascending) with fc2.row(table[k]) · relu(fc1 · x + b1) + b2[table[k]] >
   // threshold. fc1: (rank, n_embd), fc2: (n_ff, rank).
   virtual absl::StatusOr<std::vector<int32_t>> Predict(const WeightView& fc1,

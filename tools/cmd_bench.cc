@@ -90,23 +90,26 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
                sparse_bytes = sparse.SparseBytesPerToken();
   const double ideal = dense_bytes / sparse_bytes;
   const double predictor_share = st.total_s > 0 ? st.predictor_s / st.total_s : 0;
-  // Per decoded token: the sparse FFN's share of the whole token (predictors within it).
-  const double layer_tokens = std::max<double>(1.0, static_cast<double>(st.layer_tokens));
+  // Per decoded token: the sparse FFN's share of the whole token (predictors within it); of an
+  // input-sparse plan, its q/k/v's and FFN's.
+  const double layer_tokens =
+      std::max<double>(1.0, static_cast<double>(st.layer_tokens + st.ffn_in_tokens));
   const double ffn_ms = 1e3 * st.total_s * model.hparams().n_layer / layer_tokens;
   // The read floor: one more sparse run, recorded (untimed), and the rows it read read again
   // with nothing computed, the rest of a token's weights streamed between tokens. The token it
-  // bounds: the measured one with its FFN replaced by only those reads. Not for input-sparse
-  // layers, whose reads the recorder does not see (their q/k/v are sparse too).
+  // bounds: the measured one with its sparse part replaced by only those reads. For a plan of
+  // one kind: the fused path's rows, or the input-sparse layouts' (whose q/k/v are sparse too).
   double floor_ms = 0;
-  if (st.ffn_in_tokens == 0) {
+  const bool all_input_sparse = st.layer_tokens == 0 && st.ffn_in_tokens > 0;
+  if (st.ffn_in_tokens == 0 || all_input_sparse) {
     ActiveSetRecorder recorder;
     sparse.set_active_set_observer(&recorder);
     const absl::StatusOr<double> recorded = DecodeTokensPerS((*sparse_session)->session(), o);
     sparse.set_active_set_observer(nullptr);
     if (!recorded.ok()) return Fail("bench", recorded.status());
-    floor_ms =
-        1e3 * ReplaySparseReads(*sparse.weights(), pool, recorder, std::max(1, o.repetitions),
-                                static_cast<size_t>(sparse.NonFfnBytesPerToken()));
+    const auto replay = all_input_sparse ? ReplayColumnReads : ReplaySparseReads;
+    floor_ms = 1e3 * replay(*sparse.weights(), pool, recorder, std::max(1, o.repetitions),
+                            static_cast<size_t>(sparse.NonFfnBytesPerToken()));
   }
   const bool have_floor = floor_ms > 0;
   const double floor_token_ms = 1e3 / *sparse_tps - ffn_ms + floor_ms;
@@ -152,18 +155,18 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
           ffn_ms, 1e3 / *sparse_tps);
     }
     if (st.ffn_in_tokens > 0) {
-      const double in_ms =
-          1e3 * st.total_s / std::max<double>(1.0, st.ffn_in_tokens) * model.hparams().n_layer;
       std::printf(
           "input-sparse: columns of %.1f%% of q/k/v's inputs and %.1f%% of gate/up's, %.1f%% of "
           "down rows; q/k/v and FFN %.2f of %.2f ms per token\n",
-          100 * attn_in, 100 * ffn_in, 100 * ffn_in_fired, in_ms, 1e3 / *sparse_tps);
+          100 * attn_in, 100 * ffn_in, 100 * ffn_in_fired, ffn_ms, 1e3 / *sparse_tps);
     }
     if (have_floor) {
       std::printf(
-          "read floor: the FFN's rows alone %.2f ms per token (its active sets replayed, cold); "
-          "a sparse token at that floor %.2f ms: %.2fx, %.0f%% of ideal\n",
-          floor_ms, floor_token_ms, floor_ratio, 100 * floor_ratio / ideal);
+          "read floor: %s alone %.2f ms per token (%s replayed, cold); a sparse token at that "
+          "floor %.2f ms: %.2fx, %.0f%% of ideal\n",
+          all_input_sparse ? "q/k/v's and the FFN's kept columns" : "the FFN's rows", floor_ms,
+          all_input_sparse ? "the kept inputs and fired neurons" : "its active sets",
+          floor_token_ms, floor_ratio, 100 * floor_ratio / ideal);
     }
   }
   return 0;

@@ -155,6 +155,37 @@ class CudaOps : public GpuOps {
     return Download(call->y, y, c.out);
   }
 
+  absl::StatusOr<GateFirstList> GateFirstCompact(absl::Span<const float> gate,
+                                                 absl::Span<const float> scale,
+                                                 float threshold) override {
+    const int64_t n = static_cast<int64_t>(gate.size());
+    if (!scale.empty() && scale.size() != gate.size()) {
+      return absl::InvalidArgumentError("gate-first: a scale per gate value, or none");
+    }
+    GateFirstList out;
+    if (n == 0) return out;
+    DeviceArena arena(&budget_);
+    arena.set_stream(stream_);  // uploads ordered before the kernel that reads them
+    absl::StatusOr<void*> dgate = arena.Upload(gate.data(), n * 4, "gate");
+    absl::StatusOr<void*> dscale =
+        scale.empty() ? absl::StatusOr<void*>(nullptr) : arena.Upload(scale.data(), n * 4, "scale");
+    absl::StatusOr<int32_t*> idx = arena.AllocateArray<int32_t>(n + 1, "kept slots");
+    absl::StatusOr<float*> kept = arena.AllocateArray<float>(n, "kept gate values");
+    for (const absl::Status& s : {dgate.status(), dscale.status(), idx.status(), kept.status()}) {
+      if (!s.ok()) return s;
+    }
+    cuda::GateFirstCompact(static_cast<const float*>(*dgate), static_cast<const float*>(*dscale), n,
+                           threshold, *idx, *kept, *idx + n, stream_);
+    std::vector<int32_t> all(n + 1);
+    TC_RETURN_IF_ERROR(Download(*idx, all.data(), n + 1));
+    const int32_t count = all[n];
+    if (count < 0 || count > n) return absl::InternalError("gate-first: a count out of range");
+    out.idx.assign(all.begin(), all.begin() + count);
+    out.gate.resize(count);
+    if (count > 0) TC_RETURN_IF_ERROR(Download(*kept, out.gate.data(), count));
+    return out;
+  }
+
   absl::StatusOr<std::vector<int32_t>> Predict(const WeightView& fc1, absl::Span<const float> b1,
                                                const WeightView& fc2, absl::Span<const float> b2,
                                                absl::Span<const int32_t> table, float threshold,

@@ -497,6 +497,11 @@ absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64
   // The launching thread may not have this device current (a slot's thread, a test's).
   TC_CUDA_RETURN_IF_ERROR(cudaSetDevice(spec_.device), "cudaSetDevice");
   const int64_t d = h_.n_embd, rope = std::max<int64_t>(h_.rope_dim, 1);
+  // A call of one token is a decode step's: sparse, through the graph or the resident path. A
+  // prompt's tokens are dense unless the spec asks every token sparse, in every chunk, its last
+  // one-token chunk included, as the CPU and the stand-in decide per call.
+  const bool decode = n == 1;
+  const bool sparse = decode || !spec_.dense_prefill;
   for (int64_t c0 = 0; c0 < n; c0 += batch_) {
     const int64_t m = std::min(batch_, n - c0);
     // One pinned staging buffer: x rows, then the RoPE rows; the previous chunk's upload from
@@ -513,7 +518,7 @@ absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64
                               : all_rows        ? logits + c0 * h_.n_vocab
                               : c0 + m == n     ? logits
                                                 : nullptr;
-    if (m == 1 && spec_.host_ffn == nullptr) {
+    if (decode && spec_.host_ffn == nullptr) {
       // A decode token through whole layers: one graph.
       const Tail tail = logits == nullptr       ? Tail::kX
                         : row_logits != nullptr ? Tail::kLogits
@@ -533,7 +538,7 @@ absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64
     }
     for (int64_t l = first; l < last; ++l) {
       const DevLayer& L = layers_[l];
-      if (spec_.host_ffn != nullptr && spec_.device_ffn != nullptr && m == 1 &&
+      if (spec_.host_ffn != nullptr && spec_.device_ffn != nullptr && decode &&
           spec_.device_ffn->RunsResident(static_cast<int>(l))) {
         if (absl::Status st = ResidentLayer(static_cast<int>(l), L); !st.ok()) {
           cudaStreamSynchronize(stream_);
@@ -544,9 +549,6 @@ absl::Status CudaGpuLayers::Forward(int64_t first, int64_t last, float* x, int64
         TC_RETURN_IF_ERROR(CheckLaunches("the GPU layers' attention"));
         TC_RETURN_IF_ERROR(HostFfn(static_cast<int>(l), L, m));
       } else {
-        // A batch's tokens (a prompt) through an input-sparse layer: dense unless the spec
-        // asks every token sparse; a single token is a decode step's, sparse.
-        const bool sparse = m == 1 || !spec_.dense_prefill;
         for (int64_t t = 0; t < m; ++t) {
           Attention(L, t, sparse);
           DenseFfn(L, t, sparse);

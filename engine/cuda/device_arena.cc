@@ -83,15 +83,16 @@ absl::StatusOr<DevColumn> UploadColumn(DeviceArena& arena, const gpu::ColumnLayo
   if (c.form == F::kNone) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": no column layout"));
   }
+  if (!gpu::ColumnLayoutConsistent(c)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": an inconsistent column layout (", c.in, " inputs, ",
+                     c.out, " outputs padded to ", c.out_pad, ", ", c.row_bytes, "-byte rows)"));
+  }
   if (c.form == F::kRows) {
     absl::StatusOr<DevMatrix> rows = UploadRows(arena, c.rows, {}, what);
     if (!rows.ok()) return rows.status();
     d.rows = *rows;
     return d;
-  }
-  if (c.in % 32 != 0 || c.row_bytes % 4 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": a column layout of ", c.in,
-                                                   " inputs and ", c.row_bytes, "-byte rows"));
   }
   d.out_pad = c.out_pad;
   d.row_bytes = c.row_bytes;

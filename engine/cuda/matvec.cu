@@ -6,6 +6,8 @@
 // quantized types (dequant.cuh) are dequantized 8 elements at a time against F32 activations.
 #include <cuda_fp16.h>
 
+#include <cfloat>
+
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/dequant.cuh"
 #include "engine/gpu/axpy_splits.h"
@@ -217,7 +219,7 @@ __global__ void ColumnIntKernel(const uint8_t* values, size_t row_bytes, const u
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     }
     const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const float id = d >= FLT_MIN ? 1.0f / d : 0.0f;  // as ColumnInput: tiny blocks count as zero
     const int q = keep ? static_cast<int>(rintf(xv * id)) : 0;
     int qsum = q;
     for (int o = kWarp / 2; o > 0; o /= 2) qsum += __shfl_xor_sync(0xffffffffu, qsum, o);

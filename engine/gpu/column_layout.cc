@@ -22,6 +22,24 @@ ColumnGrid ColumnGridOf(const ColumnLayout& c) {
   return g;
 }
 
+bool ColumnLayoutConsistent(const ColumnLayout& c) {
+  switch (c.form) {
+    case ColumnLayout::Form::kNone:
+      return false;
+    case ColumnLayout::Form::kRows:
+      return c.rows.data != nullptr && c.rows.rows == c.in && c.rows.cols == c.out;
+    case ColumnLayout::Form::kInt8:
+    case ColumnLayout::Form::kInt4:
+      break;
+  }
+  const bool int4 = c.form == ColumnLayout::Form::kInt4;
+  const int64_t per_line = int4 ? 128 : 64;
+  const uint64_t bytes = static_cast<uint64_t>(int4 ? c.out_pad / 2 : c.out_pad);
+  return c.in > 0 && c.in % 32 == 0 && c.out > 0 && c.out_pad >= c.out &&
+         c.out_pad % per_line == 0 && c.row_bytes == bytes && c.values != nullptr &&
+         c.scales != nullptr;
+}
+
 uint64_t ColumnLayoutDeviceBytes(const ColumnLayout& c) {
   auto granules = [](uint64_t bytes) {
     return MemoryBudget::Rounded(std::max<uint64_t>(bytes, 1));

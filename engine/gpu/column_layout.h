@@ -64,6 +64,11 @@ struct ColumnGrid {
 };
 ColumnGrid ColumnGridOf(const ColumnLayout& c);
 
+// Whether the layout's fields agree with its form as the kernels read it: the integer forms'
+// rows whole lines of out_pad >= out outputs (64 per line 8-bit, 128 4-bit), inputs whole
+// blocks of 32, values and scales present; the float form's rows (in, out). False for kNone.
+bool ColumnLayoutConsistent(const ColumnLayout& c);
+
 // Device bytes of the layout's allocations (values, scales, mins; or the rows), each rounded as
 // MemoryBudget accounts it.
 uint64_t ColumnLayoutDeviceBytes(const ColumnLayout& c);

@@ -125,7 +125,7 @@ GpuLayersMemory ComputeGpuLayersMemory(const GpuLayersSpec& spec) {
 absl::Status CheckInputSparseLayer(const InputSparseLayer& y, const LlamaHparams& h,
                                    int64_t layer) {
   auto is = [](const ColumnLayout& c, int64_t out, int64_t in) {
-    return !c.empty() && c.out == out && c.in == in;
+    return c.out == out && c.in == in && ColumnLayoutConsistent(c);
   };
   const bool qkv = y.qkv.empty() ? is(y.q, h.q_dim(), h.n_embd) && is(y.k, h.kv_dim(), h.n_embd) &&
                                        is(y.v, h.v_dim(), h.n_embd)
@@ -210,19 +210,26 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
   spec.kv_type = kv_type;
   spec.input_sparse = std::move(input_sparse);
   spec.gate_first = std::move(gate_first);
-  const GpuLayersMemory mem = ComputeGpuLayersMemory(spec);
+  // What the first n layers (and the head) take: the scratch is sized for the kinds of the
+  // layers on (an input-sparse or gate-first layer needs more than a dense one).
+  auto total_of = [&](int64_t n, bool output) {
+    std::fill(spec.layers.begin(), spec.layers.end(), 0);
+    std::fill_n(spec.layers.begin(), n, 1);
+    spec.output = output;
+    return ComputeGpuLayersMemory(spec).Total(spec);
+  };
   int64_t n = 0;
+  bool output = false;
   if (requested == kAutoLayers) {
-    uint64_t used = mem.scratch;
-    while (n < n_layer && used + mem.layer[n] <= memory_cap) used += mem.layer[n++];
-    spec.output = n == n_layer && HasKernels(model.output()) && used + mem.output <= memory_cap;
+    while (n < n_layer && total_of(n + 1, false) <= memory_cap) ++n;
+    output = n == n_layer && HasKernels(model.output()) && total_of(n, true) <= memory_cap;
   } else {
     n = std::min(requested, n_layer);
-    spec.output = n == n_layer && HasKernels(model.output());
+    output = n > 0 && n == n_layer && HasKernels(model.output());
   }
-  for (int64_t l = 0; l < n; ++l) spec.layers[l] = 1;
-  if (n == 0) spec.output = false;
-  const uint64_t total = n == 0 ? 0 : mem.Total(spec);
+  const uint64_t total = n == 0 ? 0 : total_of(n, output);
+  if (n == 0) total_of(0, false);
+  const GpuLayersMemory mem = ComputeGpuLayersMemory(spec);
   if (total > memory_cap) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "--gpu-layers ", n, " needs ", total >> 20, " MiB of GPU memory (", mem.layer[0] >> 20,

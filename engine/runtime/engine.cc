@@ -222,6 +222,12 @@ absl::Status Engine::PlanDevice() {
   layers_spec_.model = &model_;
   layers_spec_.layers.assign(h.n_layer, 0);
   if (!plan_->attention_gpu.empty()) layers_spec_.layers = plan_->attention_gpu;
+  // An input-sparse layer stays on the CPU whole, as the CPU engine runs it: its q/k/v read
+  // column-sparse (SparseFfn::ProjectQkv) and a prompt's FFN dense, neither of which the
+  // hybrid device layer (dense attention, the FFN through SparseFfn::Forward) does.
+  for (int64_t l = 0; l < h.n_layer; ++l) {
+    if (weights_->input_sparse(static_cast<int>(l))) layers_spec_.layers[l] = 0;
+  }
   layers_spec_.output = plan_->output_gpu && h.n_layer > 0 && layers_spec_.layers[h.n_layer - 1];
   layers_spec_.n_ctx = n_ctx_;
   layers_spec_.max_batch = options_.max_batch;

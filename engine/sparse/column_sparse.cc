@@ -3,6 +3,7 @@
 #include "engine/sparse/column_sparse.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -340,7 +341,8 @@ void ColumnInput::Set(const int32_t* idx, const float* val, int64_t n) {
     float amax = 0.0f;
     while (e < n && idx[e] / kColumnBlock == b) amax = std::max(amax, std::fabs(val[e++]));
     const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    // A block whose largest entry is under 127 · FLT_MIN counts as zero: 1 / d would overflow.
+    const float id = d >= FLT_MIN ? 1.0f / d : 0.0f;
     int32_t sum = 0;
     block_[n_blocks_] = b;
     begin_[n_blocks_] = slot;

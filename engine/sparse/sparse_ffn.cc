@@ -526,6 +526,9 @@ bool SparseFfn::ProjectQkv(int layer, const float* xn, int64_t n_tokens, float* 
   const int n_threads = pool_->size();
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t m = KeepInputs(xn + t * h.n_embd, h.n_embd, threshold);
+    if (observer_ != nullptr) {
+      observer_->OnColumns(layer, ColumnReads::kQkv, {in_idx_.data(), static_cast<size_t>(m)});
+    }
     const Part parts[] = {{&y.q_c, q + t * h.q_dim(), h.q_dim()},
                           {&y.k_c, k + t * h.kv_dim(), h.kv_dim()},
                           {&y.v_c, v + t * h.v_dim(), h.v_dim()}};
@@ -566,6 +569,9 @@ void SparseFfn::ForwardTokenInputSparse(int layer, const float* xn, float* out) 
   const SparseWeights::Layer& y = weights_->layer(layer);
   const SparseLayerPlan& p = plan()[layer];
   const int64_t m = KeepInputs(xn, h.n_embd, p.ffn_in_threshold);
+  if (observer_ != nullptr) {
+    observer_->OnColumns(layer, ColumnReads::kGateUp, {in_idx_.data(), static_cast<size_t>(m)});
+  }
   const int n_threads = pool_->size();
   // Gate and up: each thread a share of the kept inputs through every neuron, into its sums.
   pool_->Run([&](int thread) {
@@ -606,6 +612,12 @@ void SparseFfn::ForwardTokenInputSparse(int layer, const float* xn, float* out) 
   for (int t = 1; t < n_threads; ++t) {
     const float* part = chunk_out_.data() + t * h.n_embd;
     for (int64_t i = 0; i < h.n_embd; ++i) out[i] += part[i];
+  }
+  if (observer_ != nullptr) {  // the threads' slices in order: ascending
+    for (int t = 0; t < n_threads; ++t) {
+      observer_->OnColumns(layer, ColumnReads::kDown,
+                           {lanes_[t].idx.data(), static_cast<size_t>(lanes_[t].fired)});
+    }
   }
   stats_.ffn_in_tokens += 1;
   stats_.ffn_in_kept += static_cast<double>(m);

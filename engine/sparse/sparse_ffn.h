@@ -138,12 +138,18 @@ struct SparseFfnStats {
 // before its chunks; OnChunk then from the pool's threads, concurrently, once per chunk of slots:
 // the slots whose gate rows were read (predicted), whose up rows were (up: those whose gate
 // fired, for the ReLU family; else the predicted), and whose down_t rows were (fired).
+// Input-sparse layers call OnColumns instead, on the calling thread, per token: the inputs
+// whose rows of the q/k/v layouts were read (kQkv, first), of gate's and up's (kGateUp), then
+// the neurons whose rows of down's were (kDown), each list ascending.
+enum class ColumnReads : uint8_t { kQkv, kGateUp, kDown };
 class ActiveSetObserver {
  public:
   virtual ~ActiveSetObserver() = default;
   virtual void OnLayer(int layer) = 0;
   virtual void OnChunk(int layer, absl::Span<const int32_t> predicted, absl::Span<const int32_t> up,
                        absl::Span<const int32_t> fired) = 0;
+  virtual void OnColumns(int /*layer*/, ColumnReads /*which*/, absl::Span<const int32_t> /*kept*/) {
+  }
 };
 
 class SparseFfn : public FfnBackend {

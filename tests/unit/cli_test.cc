@@ -225,6 +225,40 @@ TEST_CASE("bench with a sidecar: sparse against dense, the ideal and the read fl
   CHECK_THAT(r.out, Catch::Contains("read floor: the FFN's rows alone"));
 }
 
+TEST_CASE("bench with an input-sparse plan: its kept columns' read floor", "[cli]") {
+  // A SwiGLU test model profiled for the input-sparse thresholds; at 0.5 about half of every
+  // projection's columns are read, and the floor replays those reads alone.
+  const std::string model = TestModelPath("kquants/stories-wide.q4_0.gguf");
+  if (!std::filesystem::exists(model)) THERMOCLINE_SKIP("stories-wide.q4_0.gguf not found");
+  const std::string sidecar = (testing::TempDir() / "cli-wide.thermo.gguf").string();
+  Result r = Run("profile -m " + model + " --corpus " + TestModelPath("tinystories-profile.txt") +
+                 " --tokens 512 --samples 256 --epochs 1 --threads 2 -o " + sidecar);
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  const std::string bench = "bench -m " + model + " --sidecar " + sidecar +
+                            " --sparse-method input-sparse --target-sparsity 0.5"
+                            " --prompt-tokens 4 --gen-tokens 8 --repetitions 2 --threads 2";
+  const nlohmann::json j = JsonOf(Run(bench + " --json"));
+  CHECK(j["method"] == "input-sparse");
+  const double kept = j["attn_inputs_kept"];
+  CHECK(kept > 0.3);
+  CHECK(kept < 0.7);
+  const double floor_ms = j["ffn_read_floor_ms_per_token"];
+  CHECK(floor_ms > 0);
+  // The measured sparse part (q/k/v and the FFN) replaced by the floor.
+  CHECK(j["sparse_ffn_ms_per_token"].get<double>() > 0);
+  CHECK(j["sparse_ffn_ms_per_token"].get<double>() < j["sparse_token_ms"].get<double>());
+  const double floor_token =
+      j["sparse_token_ms"].get<double>() - j["sparse_ffn_ms_per_token"].get<double>() + floor_ms;
+  CHECK(j["floor_token_ms"].get<double>() == Approx(floor_token));
+  CHECK(j["floor_ratio"].get<double>() ==
+        Approx(1e3 / j["dense_decode_tokens_per_s"].get<double>() / floor_token));
+  r = Run(bench);
+  INFO(r.out);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("read floor: q/k/v's and the FFN's kept columns alone"));
+}
+
 TEST_CASE("bench --hardware measures the CPU and writes a profile solve reads", "[cli]") {
   const std::string out = (testing::TempDir() / "hw.toml").string();
   const Result r =

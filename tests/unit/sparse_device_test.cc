@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <random>
 
 #include "bench/cpu_device.h"
@@ -86,11 +87,13 @@ struct Matrix {
 };
 // Every form and its odd sizes: outputs under one line (72), several lines with a partial one
 // (200, 4-bit: 2 lines), inputs of three blocks; for the float form, inputs that are not
-// whole blocks.
+// whole blocks. The last three take the device's kernel past one tile of outputs and one block
+// per range of inputs (several of each, the last tile partial).
 const Matrix kMatrices[] = {
-    {GgmlType::kQ4_0, 200, 96}, {GgmlType::kQ4_0, 72, 96},   {GgmlType::kQ8_0, 200, 96},
-    {GgmlType::kQ8_0, 72, 64},  {GgmlType::kQ4_K, 200, 256}, {GgmlType::kQ6_K, 72, 256},
-    {GgmlType::kQ5_0, 200, 96}, {GgmlType::kF16, 200, 96},   {GgmlType::kF32, 72, 50},
+    {GgmlType::kQ4_0, 200, 96},    {GgmlType::kQ4_0, 72, 96},     {GgmlType::kQ8_0, 200, 96},
+    {GgmlType::kQ8_0, 72, 64},     {GgmlType::kQ4_K, 200, 256},   {GgmlType::kQ6_K, 72, 256},
+    {GgmlType::kQ5_0, 200, 96},    {GgmlType::kF16, 200, 96},     {GgmlType::kF32, 72, 50},
+    {GgmlType::kQ8_0, 1100, 4096}, {GgmlType::kQ4_0, 2100, 1024}, {GgmlType::kQ4_K, 1100, 4096},
 };
 
 TEST_CASE("the stand-in's column mat-vec is the CPU reference's, every layout form", "[gpu]") {
@@ -128,6 +131,20 @@ TEST_CASE("the stand-in's column mat-vec is the CPU reference's, every layout fo
         if (kept.idx.empty()) {
           CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }));
         }
+      }
+      // Entries so small that a block's int8 scale (its largest / 127) is under FLT_MIN: the
+      // block counts as zero on both sides, rather than quantizing by an infinite 1 / scale.
+      if (c->form() != ColumnWeight::Form::kFloat) {
+        std::vector<float> tiny = cuda_test::RandomFloats(m.in, 6);
+        for (float& v : tiny) v *= 1e-37f;
+        Kept kept;
+        Keep(tiny, -1.0f, &kept);
+        REQUIRE_FALSE(kept.idx.empty());
+        std::vector<float> want(m.out, 0.0f), got(m.out, -1.0f);
+        ColumnSparseAddReference(*c, kept.input, 0, m.out, want.data());
+        ColumnMatVecOnHost(layout, tiny.data(), -1.0f, got.data());
+        CHECK(got == want);
+        CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }));
       }
     }
   }
@@ -181,6 +198,53 @@ TEST_CASE("CUDA column-sparse mat-vec against the CPU reference, every layout fo
         for (float v : want) scale = std::max(scale, std::fabs(double{v}));
         for (int64_t o = 0; o < m.out; ++o) CHECK(std::fabs(got[o] - want[o]) <= 1e-5 * scale);
       }
+      if (c->form() != ColumnWeight::Form::kFloat) {  // blocks too small to quantize: zero
+        std::vector<float> tiny = cuda_test::RandomFloats(m.in, 6);
+        for (float& v : tiny) v *= 1e-37f;
+        std::vector<float> got(m.out, -1.0f);
+        REQUIRE_OK(ops->ColumnMatVec(c->layout(), tiny.data(), -1.0f, got.data()));
+        CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }));
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA gate-first compaction lists the slots the CPU's score keeps", "[cuda]") {
+  REQUIRE_GPU_OPS(ops);
+  // Sizes under, at and past the kernel's one block of 1024 threads, and a 7B-class n_ff.
+  for (int64_t n : {1, 1000, 1025, 5632, 14336}) {
+    std::vector<float> gate = cuda_test::RandomFloats(n, 21, -4.0f, 4.0f);
+    gate[0] = -100.0f;  // exp(100) overflows: silu is -0, a score of 0
+    const std::vector<float> scale = cuda_test::RandomFloats(n, 22, 0.5f, 2.0f);
+    for (bool scaled : {false, true}) {
+      for (float threshold : {-1.0f, 0.1f, 0.5f}) {
+        INFO(n << " slots, " << (scaled ? "scaled" : "unscaled") << ", threshold " << threshold);
+        std::vector<int32_t> want;
+        std::vector<double> score(n);
+        for (int64_t k = 0; k < n; ++k) {
+          const double g = gate[k];
+          score[k] = std::fabs(g / (1.0 + std::exp(-g))) * (scaled ? scale[k] : 1.0);
+          if (score[k] > threshold) want.push_back(static_cast<int32_t>(k));
+        }
+        absl::StatusOr<gpu::GpuOps::GateFirstList> got = ops->GateFirstCompact(
+            gate, scaled ? absl::Span<const float>(scale) : absl::Span<const float>(), threshold);
+        REQUIRE_OK(got.status());
+        REQUIRE(got->idx.size() == got->gate.size());
+        CHECK(std::is_sorted(got->idx.begin(), got->idx.end()));
+        CHECK(std::adjacent_find(got->idx.begin(), got->idx.end()) == got->idx.end());
+        for (size_t j = 0; j < got->idx.size(); ++j) {
+          REQUIRE(got->idx[j] >= 0);
+          REQUIRE(got->idx[j] < n);
+          CHECK(got->gate[j] == gate[got->idx[j]]);
+        }
+        // The same slots, but for a score within float rounding of the threshold (the device's
+        // expf is not the host's exp).
+        std::vector<int32_t> differ;
+        std::set_symmetric_difference(want.begin(), want.end(), got->idx.begin(), got->idx.end(),
+                                      std::back_inserter(differ));
+        for (int32_t k : differ) CHECK(std::fabs(score[k] - threshold) <= 1e-5);
+        CHECK(differ.size() <= 2);
+      }
     }
   }
 }
@@ -222,6 +286,25 @@ TEST_CASE("GPU layers: an input-sparse layer takes its layouts' bytes, not the m
   CHECK(gpu::ScratchOf(*sparse).column_partial > 0);
   CHECK(gpu::ScratchOf(*sparse).gate >= h.q_dim() + h.kv_dim() + h.v_dim());
   CHECK(s.scratch > d.scratch);
+  // The plan sizes the scratch of the layers it puts on, input-sparse ones included: a cap one
+  // byte under what every layer and the head take gives up the head, and a count that does not
+  // fit is refused rather than failing at allocation.
+  auto all = gpu::PlanWholeLayers(model, gpu::kAutoLayers, 96, 4, gpu::MemoryBudget::kUnlimited,
+                                  KvType::kF32, layouts);
+  REQUIRE(all.ok());
+  REQUIRE(all->output);
+  const uint64_t need = gpu::ComputeGpuLayersMemory(*all).Total(*all);
+  auto exact = gpu::PlanWholeLayers(model, gpu::kAutoLayers, 96, 4, need, KvType::kF32, layouts);
+  REQUIRE(exact.ok());
+  CHECK(exact->output);
+  CHECK(std::count(exact->layers.begin(), exact->layers.end(), 1) == h.n_layer);
+  auto under =
+      gpu::PlanWholeLayers(model, gpu::kAutoLayers, 96, 4, need - 1, KvType::kF32, layouts);
+  REQUIRE(under.ok());
+  CHECK_FALSE(under->output);
+  CHECK(gpu::ComputeGpuLayersMemory(*under).Total(*under) <= need - 1);
+  auto forced = gpu::PlanWholeLayers(model, h.n_layer, 96, 4, need - 1, KvType::kF32, layouts);
+  CHECK(absl::IsResourceExhausted(forced.status()));
   // Layouts of another layer's shape are refused, naming the layer.
   std::vector<gpu::InputSparseLayer> swapped = layouts;
   std::swap(swapped[1].qkv, swapped[1].gate);
@@ -229,6 +312,17 @@ TEST_CASE("GPU layers: an input-sparse layer takes its layouts' bytes, not the m
       gpu::PlanWholeLayers(model, 1, 96, 4, gpu::MemoryBudget::kUnlimited, KvType::kF32, swapped);
   CHECK(absl::IsInvalidArgument(bad.status()));
   CHECK_THAT(std::string(bad.status().message()), Catch::Contains("layer 1"));
+  // So is a layout of the right shape whose rows are not what its form reads (the kernels would
+  // read past them).
+  std::vector<gpu::InputSparseLayer> torn = layouts;
+  torn[1].gate.row_bytes += 64;
+  bad = gpu::PlanWholeLayers(model, 1, 96, 4, gpu::MemoryBudget::kUnlimited, KvType::kF32, torn);
+  CHECK(absl::IsInvalidArgument(bad.status()));
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("layer 1"));
+  for (const gpu::ColumnLayout* c : {&y.qkv, &y.q, &y.k, &y.v, &y.gate, &y.up, &y.down}) {
+    if (!c->empty()) CHECK(gpu::ColumnLayoutConsistent(*c));
+  }
+  CHECK_FALSE(gpu::ColumnLayoutConsistent(torn[1].gate));
 }
 
 // An input-sparse plan on `device`: all layers, half of them, and under --gpu-memory alone.
@@ -392,6 +486,45 @@ TEST_CASE("front door, CUDA: gate-first whole layers give the CPU's tokens", "[c
     INFO(name);
     GateFirstOnDevice(&gpu::CudaDevice(), name);
   }
+}
+
+TEST_CASE("front door, stand-in device: a mixed plan's input-sparse layer stays on the CPU",
+          "[gpu]") {
+  // Layer 0 input-sparse, the others every neuron through the predicted path with a few device
+  // neurons, a placement solved with every layer's attention on the device: the hybrid
+  // placement. The input-sparse layer's q/k/v are column-sparse and its prompt's FFN dense on
+  // the CPU, which the hybrid device layer does not do: that layer stays on the CPU, and the
+  // tokens and logits are the CPU engine's.
+  const std::string path = TestModelPath("kquants/stories-wide.q4_0.gguf");
+  if (!std::filesystem::exists(path)) THERMOCLINE_SKIP("stories-wide.q4_0.gguf not found");
+  const LlamaModel& model = CachedModel(path);
+  const LlamaHparams& h = model.hparams();
+  REQUIRE(h.n_layer >= 2);
+  auto plan = [&](bool placed) {
+    SparsePlan p = InputSparsePlan(model, 0.3f);
+    for (int64_t l = 1; l < h.n_layer; ++l) {
+      p.layers[l] = SparseLayerPlan();
+      if (placed) p.layers[l].device_neurons = {0, 1, 2};
+    }
+    if (placed) p.attention_gpu.assign(h.n_layer, 1);
+    return p;
+  };
+  ThreadPool pool(2);
+  auto cpu = NewEngineSession(model, plan(false), pool, Options(nullptr));
+  const std::vector<float> want_prompt = PromptLogits(cpu->session());
+  const std::vector<int32_t> want = GreedyIds(cpu->session(), kPrompt, 12);
+  CpuStandInDevice device;
+  EngineOptions o = Options(&device);
+  o.gpu_memory = uint64_t{1} << 30;
+  auto s = NewEngineSession(model, plan(true), pool, o);
+  const EnginePlacement& p = s->placement();
+  INFO(DescribePlacement(p));
+  CHECK(p.note.empty());
+  CHECK(p.gpu_layers == 0);  // hybrid, not whole layers
+  CHECK(p.attention_gpu_layers == h.n_layer - 1);
+  const std::vector<float> prompt = PromptLogits(s->session());
+  CHECK(MaxRelDiff(prompt.data(), want_prompt.data(), prompt.size()) <= 1e-3);
+  CHECK(GreedyIds(s->session(), kPrompt, 12) == want);
 }
 
 TEST_CASE("front door, stand-in device: input-sparse whole layers give the CPU's tokens", "[gpu]") {
