@@ -79,6 +79,15 @@ inline CliResult RunThermocline(const std::string& args) {
   return r;
 }
 
+// `thermocline profile` of `model` on the kit's corpus into `sidecar`, short (512 tokens, one
+// epoch): enough for the SwiGLU methods' statistics (quantiles, gate scales) that the CLI tests
+// plan from.
+inline CliResult ProfileSwiglu(const std::string& model, const std::string& sidecar) {
+  return RunThermocline("profile -m " + model + " --corpus " +
+                        TestModelPath("tinystories-profile.txt") +
+                        " --tokens 512 --samples 256 --epochs 1 --threads 2 -o " + sidecar);
+}
+
 // Rss in bytes of the mapping of /proc/self/smaps that contains `p`; -1 when none does.
 inline int64_t MappingRss(const void* p) {
   const auto addr = reinterpret_cast<uintptr_t>(p);

@@ -231,8 +231,7 @@ TEST_CASE("bench with an input-sparse plan: its kept columns' read floor", "[cli
   const std::string model = TestModelPath("kquants/stories-wide.q4_0.gguf");
   if (!std::filesystem::exists(model)) THERMOCLINE_SKIP("stories-wide.q4_0.gguf not found");
   const std::string sidecar = (testing::TempDir() / "cli-wide.thermo.gguf").string();
-  Result r = Run("profile -m " + model + " --corpus " + TestModelPath("tinystories-profile.txt") +
-                 " --tokens 512 --samples 256 --epochs 1 --threads 2 -o " + sidecar);
+  Result r = testing::ProfileSwiglu(model, sidecar);
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   const std::string bench = "bench -m " + model + " --sidecar " + sidecar +

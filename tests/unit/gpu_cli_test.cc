@@ -98,9 +98,7 @@ TEST_CASE("bench --gpu-layers with an input-sparse or gate-first plan: held to t
   const std::string model = TestModelPath("kquants/stories-wide.q4_0.gguf");
   if (!std::filesystem::exists(model)) THERMOCLINE_SKIP("stories-wide.q4_0.gguf not found");
   const std::string sidecar = (testing::TempDir() / "gpu-cli-wide.thermo.gguf").string();
-  testing::CliResult r = testing::RunThermocline(
-      "profile -m " + model + " --corpus " + TestModelPath("tinystories-profile.txt") +
-      " --tokens 512 --samples 256 --epochs 1 --threads 2 -o " + sidecar);
+  testing::CliResult r = testing::ProfileSwiglu(model, sidecar);
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   const std::string bench = "bench -m " + model + " --sidecar " + sidecar +
