@@ -41,12 +41,15 @@ int64_t ActiveSetRecorder::tokens() const {
   return std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) { return l.layer == 0; });
 }
 
+int ActiveSetRecorder::first_column_layer() const {
+  int first = -1;
+  for (const ColumnLayer& l : column_layers_)
+    first = first < 0 ? l.layer : std::min(first, l.layer);
+  return first;
+}
+
 int64_t ActiveSetRecorder::column_tokens() const {
-  if (column_layers_.empty()) return 0;
-  const int first =
-      std::min_element(column_layers_.begin(), column_layers_.end(),
-                       [](const ColumnLayer& a, const ColumnLayer& b) { return a.layer < b.layer; })
-          ->layer;
+  const int first = first_column_layer();
   return std::count_if(column_layers_.begin(), column_layers_.end(),
                        [first](const ColumnLayer& l) { return l.layer == first; });
 }
@@ -187,8 +190,7 @@ double ReplayColumnReads(const SparseWeights& weights, ThreadPool& pool,
   const std::vector<ActiveSetRecorder::ColumnLayer>& layers = recorder.column_layers();
   const int64_t tokens = recorder.column_tokens();
   if (tokens == 0) return 0;
-  int first = layers[0].layer;
-  for (const ActiveSetRecorder::ColumnLayer& l : layers) first = std::min(first, l.layer);
+  const int first = recorder.first_column_layer();
   const int parts = pool.size();
   Flush flush(pool, flush_bytes);
   std::vector<uint64_t> sinks(static_cast<size_t>(parts) * 8, 0);  // a line apart per thread

@@ -43,7 +43,9 @@ class ActiveSetRecorder : public ActiveSetObserver {
   const std::vector<ColumnLayer>& column_layers() const { return column_layers_; }
   // Tokens recorded: the layer groups of layer 0.
   int64_t tokens() const;
-  // Tokens recorded by input-sparse layers: the groups of the lowest layer among them.
+  // The lowest input-sparse layer recorded (its groups start a token); -1 when none.
+  int first_column_layer() const;
+  // Tokens recorded by input-sparse layers: the groups of first_column_layer().
   int64_t column_tokens() const;
 
  private:

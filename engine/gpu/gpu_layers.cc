@@ -212,10 +212,13 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
   spec.gate_first = std::move(gate_first);
   // What the first n layers (and the head) take: the scratch is sized for the kinds of the
   // layers on (an input-sparse or gate-first layer needs more than a dense one).
-  auto total_of = [&](int64_t n, bool output) {
+  auto put_on = [&](int64_t n, bool output) {
     std::fill(spec.layers.begin(), spec.layers.end(), 0);
     std::fill_n(spec.layers.begin(), n, 1);
     spec.output = output;
+  };
+  auto total_of = [&](int64_t n, bool output) {
+    put_on(n, output);
     return ComputeGpuLayersMemory(spec).Total(spec);
   };
   int64_t n = 0;
@@ -227,9 +230,9 @@ absl::StatusOr<GpuLayersSpec> PlanWholeLayers(const LlamaModel& model, int64_t r
     n = std::min(requested, n_layer);
     output = n > 0 && n == n_layer && HasKernels(model.output());
   }
-  const uint64_t total = n == 0 ? 0 : total_of(n, output);
-  if (n == 0) total_of(0, false);
+  put_on(n, output);
   const GpuLayersMemory mem = ComputeGpuLayersMemory(spec);
+  const uint64_t total = n == 0 ? 0 : mem.Total(spec);
   if (total > memory_cap) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "--gpu-layers ", n, " needs ", total >> 20, " MiB of GPU memory (", mem.layer[0] >> 20,
