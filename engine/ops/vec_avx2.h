@@ -78,6 +78,17 @@ inline float ReduceAdd(F v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+// out[p] = ReduceAdd(v[p]) for kLanes vectors (vec_avx512.h's takes them across at once).
+inline void ReduceAddEach(const F* v, float* out) {
+  for (int p = 0; p < kLanes; ++p) out[p] = ReduceAdd(v[p]);
+}
+// acc[0, kLanes) += v's lanes, each widened to double (exact) and added in double.
+inline void AddToDoubles(double* acc, F v) {
+  _mm256_storeu_pd(acc,
+                   _mm256_add_pd(_mm256_loadu_pd(acc), _mm256_cvtps_pd(_mm256_castps256_ps128(v))));
+  _mm256_storeu_pd(acc + 4, _mm256_add_pd(_mm256_loadu_pd(acc + 4),
+                                          _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))));
+}
 inline float ReduceMax(F v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));

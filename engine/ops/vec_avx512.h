@@ -84,7 +84,37 @@ inline F RoundHalfAway(F v) {
   return _mm512_mask_add_ps(t, up, t, one);
 }
 inline float ReduceAdd(F v) { return _mm512_reduce_add_ps(v); }
+// out[p] = ReduceAdd(v[p]) bit for bit, for kLanes vectors at once: the same tree of sums
+// (_mm512_reduce_add_ps: lane i + lane i + 8, then i + 4, i + 2, i + 1), taken across the
+// vectors by shuffles instead of one vector at a time.
+inline void ReduceAddEach(const F* v, float* out) {
+  F s1[8], s2[4], s3[2];
+  for (int k = 0; k < 8; ++k) {  // [a.lo256 | b.lo256] + [a.hi256 | b.hi256]
+    s1[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                          _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+  }
+  for (int k = 0; k < 4; ++k) {  // 128-bit chunk c: vector 4k + c's lanes i + (i + 4)
+    s2[k] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * k], s1[2 * k + 1], 0x88),
+                          _mm512_shuffle_f32x4(s1[2 * k], s1[2 * k + 1], 0xDD));
+  }
+  for (int k = 0; k < 2; ++k) {  // chunk c: vectors 8k + c and 8k + 4 + c, lanes i + (i + 2)
+    s3[k] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * k], s2[2 * k + 1], 0x44),
+                          _mm512_shuffle_ps(s2[2 * k], s2[2 * k + 1], 0xEE));
+  }
+  // Lane 4c + m: vector c + 4m's sum; permuted back to lane p: vector p.
+  const F r =
+      _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], 0x88), _mm512_shuffle_ps(s3[0], s3[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
+}
 inline float ReduceMax(F v) { return _mm512_reduce_max_ps(v); }
+// acc[0, kLanes) += v's lanes, each widened to double (exact) and added in double.
+inline void AddToDoubles(double* acc, F v) {
+  _mm512_storeu_pd(acc,
+                   _mm512_add_pd(_mm512_loadu_pd(acc), _mm512_cvtps_pd(_mm512_castps512_ps256(v))));
+  _mm512_storeu_pd(acc + 8, _mm512_add_pd(_mm512_loadu_pd(acc + 8),
+                                          _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1))));
+}
 inline float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
 inline uint16_t FloatToHalf(float f) {
   return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));

@@ -13,8 +13,8 @@
 
 namespace thermocline {
 
-// Allocations of at least kHugePageBytes are 2 MB aligned and advised MADV_HUGEPAGE; smaller
-// ones come from malloc. Stateless: any two instances are interchangeable.
+// Allocations of at least kHugePageBytes are mappings of their own, 2 MB aligned and advised
+// MADV_HUGEPAGE; smaller ones come from malloc. Stateless: any two instances are interchangeable.
 template <class T>
 struct HugePageAllocator {
   using value_type = T;
@@ -46,7 +46,8 @@ struct HugePageAllocator {
 
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
-// Raw allocation behind HugePageAllocator; throws std::bad_alloc when out of memory.
+// Raw allocation behind HugePageAllocator; throws std::bad_alloc when out of memory. Free with
+// the bytes it was allocated with.
 void* AllocateHugePageBacked(size_t bytes);
 void FreeHugePageBacked(void* p, size_t bytes);
 

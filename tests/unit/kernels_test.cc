@@ -302,12 +302,13 @@ TEST_CASE("AttendHead of every ISA returns NaN for a NaN score, as the reference
 // The F16 kernels compute as llama.cpp does, operation for operation (kernels.h), so every ISA
 // gives the scalar reference's bits; that reference is within the half roundings of the float
 // kernel. n_kv 33, 64, 100: ggml's single-token dot of V over positions padded to 32 takes whole
-// 64s in vector lanes and the rest in double.
+// 64s in vector lanes and the rest in double; 80 and 215 leave 16 and 23 positions past the
+// whole 64s, and 16 positions take the scores' last sums together (ReduceAddEach).
 TEST_CASE("AttendHeadF16 of every ISA equals the scalar reference and is near the float kernel",
           "[kernels]") {
   for (bool batched : {false, true}) {
     for (int64_t head_dim : {8, 17, 64, 128, 200}) {
-      for (int64_t n_kv : {1, 5, 33, 64, 100, 300}) {
+      for (int64_t n_kv : {1, 5, 16, 33, 64, 80, 100, 215, 300}) {
         const int64_t k_stride = head_dim + 3, v_stride = head_dim + 5;
         std::vector<float> q = RandomFloats(head_dim, 800 + static_cast<uint32_t>(head_dim));
         for (float& e : q) e *= 4.0f;
