@@ -9,6 +9,18 @@
 #include "engine/model/moe_route.h"
 
 namespace thermocline {
+namespace {
+
+// Multiply-adds of attention (positions × head_dim per head) below which a part of the heads
+// is not worth handing to another thread. Low: the first head of each KV group waits for its
+// K and V rows from memory, and two threads wait for half as many each (32 heads of 64 at
+// 16-48 positions, 2 threads: 480 -> 377 us per token with 2^13 instead of 2^17).
+constexpr int64_t kAttentionWorkPerPart = int64_t{1} << 13;
+// Query heads of one KV group that one attention item takes together (kernels.h's
+// AttendGroupF16 reads each cached row once for them).
+constexpr int64_t kAttentionHeadsPerItem = 4;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model, ThreadPool* pool,
                                                          const SessionOptions& options) {
@@ -56,7 +68,7 @@ Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64
   v_.resize(max_batch * h.v_dim());
   att_out_.resize(max_batch * h.o_dim());
   ffn_out_.resize(max_batch * h.n_embd);
-  scores_.resize(static_cast<size_t>(pool->size()) * n_ctx);
+  scores_.resize(static_cast<size_t>(pool->size()) * kAttentionHeadsPerItem * n_ctx);
   const int64_t n_ff = std::max({h.n_ff, h.n_ff_exp, h.n_ff_shexp});
   gate_.resize(max_batch * n_ff);
   up_.resize(max_batch * n_ff);
@@ -281,12 +293,6 @@ void Session::MoeFfn(int layer, const float* xn, int64_t n, float* out) {
   AddSharedExpert(*pool_, h, L, xn, n, gate_.data(), up_.data(), eo_.data(), scratch_, out);
 }
 
-// Multiply-adds of attention (positions × head_dim per head) below which a part of the heads
-// is not worth handing to another thread. Low: the first head of each KV group waits for its
-// K and V rows from memory, and two threads wait for half as many each (32 heads of 64 at
-// 16-48 positions, 2 threads: 480 -> 377 us per token with 2^13 instead of 2^17).
-constexpr int64_t kAttentionWorkPerPart = int64_t{1} << 13;
-
 void Session::Attention(int layer, int64_t n) {
   const LlamaHparams& h = model_.hparams();
   const LayerWeights& L = model_.layers()[layer];
@@ -329,14 +335,21 @@ void Session::Attention(int layer, int64_t n) {
   const float scale = h.attn_scale, softcap = h.attn_softcap;
   // A sliding layer's query at position p sees positions p - n_swa + 1 .. p.
   const int64_t window = slides ? h.n_swa : n_ctx_;
-  // Heads per part: enough work to pay for a hand-off (a short context stays on this thread).
+  // Items of up to kAttentionHeadsPerItem heads of one KV group: the kernel reads each cached
+  // row once for them.
+  const int64_t per_item = std::min<int64_t>(group, kAttentionHeadsPerItem);
+  const int64_t items_per_group = (group + per_item - 1) / per_item;
+  const int64_t items_per_token = h.n_head_kv * items_per_group;
+  // Items per part: enough work to pay for a hand-off (a short context stays on this thread).
   const int64_t span = std::min(n_past_ + n, window);
-  const int64_t grain = std::max<int64_t>(1, kAttentionWorkPerPart / (span * head_dim));
-  pool_->ParallelFor(n * h.n_head, grain, [&](int thread, int64_t begin, int64_t end) {
-    float* scores = scores_.data() + thread * n_ctx_;
+  const int64_t grain = std::max<int64_t>(1, kAttentionWorkPerPart / (span * head_dim * per_item));
+  pool_->ParallelFor(n * items_per_token, grain, [&](int thread, int64_t begin, int64_t end) {
+    float* scores = scores_.data() + thread * kAttentionHeadsPerItem * n_ctx_;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / h.n_head, head = item % h.n_head;
-      const int64_t kv_head = head / group;
+      const int64_t t = item / items_per_token, in_token = item % items_per_token;
+      const int64_t kv_head = in_token / items_per_group;
+      const int64_t head = kv_head * group + in_token % items_per_group * per_item;
+      const int64_t heads = std::min(per_item, (kv_head + 1) * group - head);
       const int64_t pos = n_past_ + t;  // causal: positions first .. pos
       const int64_t first = std::max<int64_t>(0, pos + 1 - window);
       const float* q = q_.data() + t * q_dim + head * head_dim;
@@ -344,11 +357,14 @@ void Session::Attention(int layer, int64_t n) {
       const int64_t k_off = first * kv_dim + kv_head * head_dim;
       const int64_t v_off = first * v_dim + kv_head * head_dim_v;
       if (half) {
-        AttendHeadF16(pos + 1 - first, head_dim, head_dim_v, q, k_cache_f16 + k_off, kv_dim,
-                      v_cache_f16 + v_off, v_dim, scale, softcap, n > 1, scores, out);
+        AttendGroupF16(pos + 1 - first, head_dim, head_dim_v, static_cast<int>(heads), q, head_dim,
+                       k_cache_f16 + k_off, kv_dim, v_cache_f16 + v_off, v_dim, scale, softcap,
+                       n > 1, scores, out, head_dim_v);
       } else {
-        AttendHead(pos + 1 - first, head_dim, head_dim_v, q, k_cache + k_off, kv_dim,
-                   v_cache + v_off, v_dim, scale, softcap, scores, out);
+        for (int64_t i = 0; i < heads; ++i) {
+          AttendHead(pos + 1 - first, head_dim, head_dim_v, q + i * head_dim, k_cache + k_off,
+                     kv_dim, v_cache + v_off, v_dim, scale, softcap, scores, out + i * head_dim_v);
+        }
       }
     }
   });

@@ -157,7 +157,7 @@ class Session {
   std::vector<float> v_;         // (max_batch, v_dim)
   std::vector<float> att_out_;   // (max_batch, o_dim)
   std::vector<float> ffn_out_;   // (max_batch, n_embd)
-  std::vector<float> scores_;    // (threads, n_ctx)
+  std::vector<float> scores_;    // (threads, heads per attention item, n_ctx)
   std::vector<float> gate_;      // (max_batch, widest FFN: n_ff, n_ff_exp, n_ff_shexp)
   std::vector<float> up_;        // (max_batch, widest FFN)
   // Mixture of experts (empty otherwise).

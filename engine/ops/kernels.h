@@ -92,6 +92,18 @@ void AttendHeadF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, c
 void AttendHeadF16(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                    const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
                    float scale, float softcap, bool batched, float* scores, float* out);
+// AttendHeadF16 for n_heads query heads that share the cached rows (grouped-query attention):
+// head h's q at q + h · q_stride, its output at out + h · out_stride, scores scratch for
+// n_heads · n_kv floats. Each head's output is AttendHeadF16's for it, bit for bit; the kernels
+// read each cached row once for the heads they take together, not once per head.
+void AttendGroupF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, int n_heads, const float* q,
+                    int64_t q_stride, const uint16_t* k, int64_t k_stride, const uint16_t* v,
+                    int64_t v_stride, float scale, float softcap, bool batched, float* scores,
+                    float* out, int64_t out_stride);
+void AttendGroupF16(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, int n_heads,
+                    const float* q, int64_t q_stride, const uint16_t* k, int64_t k_stride,
+                    const uint16_t* v, int64_t v_stride, float scale, float softcap, bool batched,
+                    float* scores, float* out, int64_t out_stride);
 
 // gate := silu(gate) · up, n elements, as ggml's CPU computes it (its vector expf on each whole
 // 16 elements, expf on the rest), so that a SwiGLU FFN gives llama.cpp's numbers bit for bit.

@@ -354,9 +354,12 @@ void SiluMulScalar(float* gate, const float* up, int64_t n) {
   }
 }
 
-void AttendScalarF16Ggml(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
-                         const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
-                         float scale, float softcap, bool batched, float* scores, float* out) {
+namespace {
+
+void AttendHeadScalarF16Ggml(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
+                             const uint16_t* k, int64_t k_stride, const uint16_t* v,
+                             int64_t v_stride, float scale, float softcap, bool batched,
+                             float* scores, float* out) {
   constexpr int64_t kMaxDim = 256;  // as kernels_simd.inc's kMaxGgmlHeadDim
   if (k_dim > kMaxDim || v_dim > kMaxDim) {
     AttendScalar<uint16_t>(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap, scores,
@@ -391,6 +394,19 @@ void AttendScalarF16Ggml(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float
   for (int64_t c = 0; c < v_dim; ++c) {
     out[c] = batched ? GemmDotF16Ggml(n_kv, v + c, v_stride, scores)
                      : VecDotF16Ggml(n_kv, n_pad, v + c, v_stride, scores);
+  }
+}
+
+}  // namespace
+
+// Head by head: the reference of the kernels that take the heads together.
+void AttendScalarF16Ggml(int64_t n_kv, int64_t k_dim, int64_t v_dim, int n_heads, const float* q,
+                         int64_t q_stride, const uint16_t* k, int64_t k_stride, const uint16_t* v,
+                         int64_t v_stride, float scale, float softcap, bool batched, float* scores,
+                         float* out, int64_t out_stride) {
+  for (int h = 0; h < n_heads; ++h) {
+    AttendHeadScalarF16Ggml(n_kv, k_dim, v_dim, q + h * q_stride, k, k_stride, v, v_stride, scale,
+                            softcap, batched, scores + h * n_kv, out + h * out_stride);
   }
 }
 

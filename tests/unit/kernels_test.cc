@@ -354,6 +354,56 @@ TEST_CASE("AttendHeadF16 of every ISA equals the scalar reference and is near th
   }
 }
 
+// The heads of a KV group taken together (four at a time, the rest in a smaller block; the
+// values' columns in slices of 64, v_dim 72 and 200 ending in a partial one) give each head
+// AttendHeadF16's bits; the outputs between the heads' rows stay untouched. A soft cap takes the
+// scores' scalar road.
+TEST_CASE("AttendGroupF16 of every ISA gives each head the scalar AttendHeadF16", "[kernels]") {
+  struct Dims {
+    int64_t k_dim, v_dim;
+  };
+  for (const Dims d :
+       {Dims{17, 17}, Dims{64, 64}, Dims{128, 128}, Dims{200, 200}, Dims{64, 40}, Dims{40, 72}}) {
+    for (int n_heads : {1, 2, 3, 4, 5, 8, 9}) {
+      for (int64_t n_kv : {1, 16, 33, 80, 215}) {
+        for (bool batched : {false, true}) {
+          for (float softcap : {0.0f, 2.0f}) {
+            const int64_t k_stride = d.k_dim + 3, v_stride = d.v_dim + 5;
+            const int64_t q_stride = d.k_dim + 1, out_stride = d.v_dim + 2;
+            const uint32_t seed = static_cast<uint32_t>(d.k_dim * 7 + d.v_dim + n_kv);
+            std::vector<float> q = RandomFloats(n_heads * q_stride, 300 + seed);
+            for (float& e : q) e *= 4.0f;
+            std::vector<uint16_t> kh(n_kv * k_stride), vh(n_kv * v_stride);
+            std::vector<float> k = RandomFloats(kh.size(), 400 + seed);
+            std::vector<float> v = RandomFloats(vh.size(), 500 + seed);
+            for (size_t i = 0; i < kh.size(); ++i) kh[i] = FloatToHalf(k[i]);
+            for (size_t i = 0; i < vh.size(); ++i) vh[i] = FloatToHalf(v[i]);
+            const float scale = 1.0f / std::sqrt(static_cast<float>(d.k_dim));
+            std::vector<float> want(n_heads * out_stride, 99.0f), scores(n_heads * n_kv);
+            for (int h = 0; h < n_heads; ++h) {
+              AttendHeadF16(Isa::kScalar, n_kv, d.k_dim, d.v_dim, q.data() + h * q_stride,
+                            kh.data(), k_stride, vh.data(), v_stride, scale, softcap, batched,
+                            scores.data(), want.data() + h * out_stride);
+            }
+            for (Isa isa : AvailableIsas()) {
+              std::vector<float> got(n_heads * out_stride, 99.0f);
+              AttendGroupF16(isa, n_kv, d.k_dim, d.v_dim, n_heads, q.data(), q_stride, kh.data(),
+                             k_stride, vh.data(), v_stride, scale, softcap, batched, scores.data(),
+                             got.data(), out_stride);
+              int64_t differ = 0;
+              for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+              INFO(IsaName(isa) << " k_dim " << d.k_dim << " v_dim " << d.v_dim << " heads "
+                                << n_heads << " n_kv " << n_kv << " batched " << batched
+                                << " softcap " << softcap);
+              CHECK(differ == 0);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("HalfToFloat and FloatToHalf round trip every half", "[kernels]") {
   for (uint32_t h = 0; h < 65536; ++h) {
     const float f = HalfToFloat(static_cast<uint16_t>(h));
