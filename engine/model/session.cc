@@ -336,7 +336,9 @@ void Session::Attention(int layer, int64_t n) {
   // A sliding layer's query at position p sees positions p - n_swa + 1 .. p.
   const int64_t window = slides ? h.n_swa : n_ctx_;
   // Items of up to kAttentionHeadsPerItem heads of one KV group: the kernel reads each cached
-  // row once for them.
+  // row once for them. A block of heads for consecutive tokens, so that a thread's share of a
+  // prompt is whole blocks over all its tokens: every share holds the same mix of short and long
+  // causal spans, and the tokens after each other read the same rows.
   const int64_t per_item = std::min<int64_t>(group, kAttentionHeadsPerItem);
   const int64_t items_per_group = (group + per_item - 1) / per_item;
   const int64_t items_per_token = h.n_head_kv * items_per_group;
@@ -346,7 +348,7 @@ void Session::Attention(int layer, int64_t n) {
   pool_->ParallelFor(n * items_per_token, grain, [&](int thread, int64_t begin, int64_t end) {
     float* scores = scores_.data() + thread * kAttentionHeadsPerItem * n_ctx_;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / items_per_token, in_token = item % items_per_token;
+      const int64_t t = item % n, in_token = item / n;
       const int64_t kv_head = in_token / items_per_group;
       const int64_t head = kv_head * group + in_token % items_per_group * per_item;
       const int64_t heads = std::min(per_item, (kv_head + 1) * group - head);
