@@ -20,6 +20,38 @@ constexpr int64_t kAttentionWorkPerPart = int64_t{1} << 13;
 // AttendGroupF16 reads each cached row once for them).
 constexpr int64_t kAttentionHeadsPerItem = 4;
 
+// The F16 cache in tiles of positions, each KV head's rows of a tile together (kernels.h's
+// HalfRows), 64 KB of them per head: a head's K and V rows come in runs that the hardware
+// prefetchers stream, where rows of positions side by side gave each head one piece of every row
+// of all heads (on the 1.1B shape 128 bytes of each 512). An operator loop over 22 layers at 4000
+// positions (EPYC, 2 threads): attention 13.2 -> 9.0 ms per token as one run per head; as tiles,
+// 8 KB to 32 KB runs were 1.13x slower than one run per head and 64 KB ones as fast. Tiles rather
+// than one run per head keep the pages a short sequence touches about as few as side by side.
+constexpr int64_t kKvTileBytes = int64_t{1} << 16;
+
+// log2 of the positions per tile: kKvTileBytes per head, fewer for a context that is shorter.
+// The allocation is rounded up to a whole tile; the positions past n_ctx are never touched, so
+// what may become resident stays KvCacheBytes.
+int KvTileShift(const LlamaHparams& h, int64_t n_ctx) {
+  const int64_t row_bytes = std::max<int64_t>(1, std::max(h.head_dim, h.head_dim_v)) * 2;
+  int shift = 0;
+  while ((int64_t{1} << shift) * row_bytes < kKvTileBytes && (int64_t{1} << shift) < n_ctx) {
+    ++shift;
+  }
+  return shift;
+}
+
+int64_t KvTiledPositions(int64_t n_ctx, int shift) {
+  const int64_t tile = int64_t{1} << shift;
+  return (n_ctx + tile - 1) / tile * tile;
+}
+
+// Offset of (position, head)'s row in a layer's tiled cache of rows of `dim` per head.
+int64_t KvTiledOffset(int64_t pos, int64_t head, int64_t n_head_kv, int64_t dim, int shift) {
+  const int64_t tile = int64_t{1} << shift;
+  return ((pos >> shift) * n_head_kv + head) * tile * dim + (pos & (tile - 1)) * dim;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model, ThreadPool* pool,
@@ -48,8 +80,9 @@ Session::Session(const LlamaModel& model, ThreadPool* pool, int64_t n_ctx, int64
     : model_(model), pool_(pool), n_ctx_(n_ctx), max_batch_(max_batch), kv_type_(kv_type) {
   const LlamaHparams& h = model.hparams();
   if (kv_type == KvType::kF16) {
-    k_cache_f16_.resize(h.n_layer * n_ctx * h.kv_dim());
-    v_cache_f16_.resize(h.n_layer * n_ctx * h.v_dim());
+    kv_tile_shift_ = KvTileShift(h, n_ctx);
+    k_cache_f16_.resize(h.n_layer * KvTiledPositions(n_ctx, kv_tile_shift_) * h.kv_dim());
+    v_cache_f16_.resize(h.n_layer * KvTiledPositions(n_ctx, kv_tile_shift_) * h.v_dim());
   } else {
     k_cache_.resize(h.n_layer * n_ctx * h.kv_dim());
     v_cache_.resize(h.n_layer * n_ctx * h.v_dim());
@@ -301,8 +334,10 @@ void Session::Attention(int layer, int64_t n) {
   const bool half = kv_type_ == KvType::kF16;
   float* k_cache = half ? nullptr : k_cache_.data() + layer * n_ctx_ * kv_dim;
   float* v_cache = half ? nullptr : v_cache_.data() + layer * n_ctx_ * v_dim;
-  uint16_t* k_cache_f16 = half ? k_cache_f16_.data() + layer * n_ctx_ * kv_dim : nullptr;
-  uint16_t* v_cache_f16 = half ? v_cache_f16_.data() + layer * n_ctx_ * v_dim : nullptr;
+  const int shift = kv_tile_shift_;
+  const int64_t tile = int64_t{1} << shift, n_tiled = KvTiledPositions(n_ctx_, shift);
+  uint16_t* k_cache_f16 = half ? k_cache_f16_.data() + layer * n_tiled * kv_dim : nullptr;
+  uint16_t* v_cache_f16 = half ? v_cache_f16_.data() + layer * n_tiled * v_dim : nullptr;
   static const TypeKernels& f16 = *KernelsFor(GgmlType::kF16);  // the cache rows' writer
   const bool slides = h.LayerSlides(layer);
   const float* table = slides && has_swa_rope_ ? rope_swa_.data() : rope_.data();
@@ -324,8 +359,13 @@ void Session::Attention(int layer, int64_t n) {
     const float* v = v_.data() + t * v_dim;
     const int64_t pos = n_past_ + t;
     if (half) {
-      f16.from_float(k, k_cache_f16 + pos * kv_dim, kv_dim);
-      f16.from_float(v, v_cache_f16 + pos * v_dim, v_dim);
+      for (int64_t i = 0; i < h.n_head_kv; ++i) {
+        f16.from_float(k + i * head_dim,
+                       k_cache_f16 + KvTiledOffset(pos, i, h.n_head_kv, head_dim, shift), head_dim);
+        f16.from_float(v + i * head_dim_v,
+                       v_cache_f16 + KvTiledOffset(pos, i, h.n_head_kv, head_dim_v, shift),
+                       head_dim_v);
+      }
     } else {
       std::copy_n(k, kv_dim, k_cache + pos * kv_dim);
       std::copy_n(v, v_dim, v_cache + pos * v_dim);
@@ -356,13 +396,16 @@ void Session::Attention(int layer, int64_t n) {
       const int64_t first = std::max<int64_t>(0, pos + 1 - window);
       const float* q = q_.data() + t * q_dim + head * head_dim;
       float* out = att_out_.data() + t * o_dim + head * head_dim_v;
-      const int64_t k_off = first * kv_dim + kv_head * head_dim;
-      const int64_t v_off = first * v_dim + kv_head * head_dim_v;
       if (half) {
+        const HalfRows k_rows = {k_cache_f16 + kv_head * tile * head_dim, head_dim, tile * kv_dim,
+                                 first, shift};
+        const HalfRows v_rows = {v_cache_f16 + kv_head * tile * head_dim_v, head_dim_v,
+                                 tile * v_dim, first, shift};
         AttendGroupF16(pos + 1 - first, head_dim, head_dim_v, static_cast<int>(heads), q, head_dim,
-                       k_cache_f16 + k_off, kv_dim, v_cache_f16 + v_off, v_dim, scale, softcap,
-                       n > 1, scores, out, head_dim_v);
+                       k_rows, v_rows, scale, softcap, n > 1, scores, out, head_dim_v);
       } else {
+        const int64_t k_off = first * kv_dim + kv_head * head_dim;
+        const int64_t v_off = first * v_dim + kv_head * head_dim_v;
         for (int64_t i = 0; i < heads; ++i) {
           AttendHead(pos + 1 - first, head_dim, head_dim_v, q + i * head_dim, k_cache + k_off,
                      kv_dim, v_cache + v_off, v_dim, scale, softcap, scores, out + i * head_dim_v);

@@ -134,17 +134,20 @@ class Session {
   FfnBackend* ffn_backend_ = nullptr;
   LayerBackend* layer_backend_ = nullptr;
 
-  // (n_layer, n_ctx, kv_dim), uninitialized: a position is written before attention reads it,
-  // so the pages of positions never reached are never touched (Llama 2 7B at 4096 positions:
-  // 2 GiB each, which used to be zeroed when the session was made). On huge pages: a decode
-  // step writes a row in every layer, and on 4 KB pages that was a page fault in the token's
-  // path every few rows (11 per token on the 1.1B synthetic model, ≈ 33 µs each on our VM;
+  // F32: (n_layer, n_ctx, kv_dim); F16: (n_layer, n_ctx / T, n_head_kv, T, head_dim), each
+  // head's rows of a tile of T = 2^kv_tile_shift_ positions together (64 KB of them: session.cc's
+  // KvTileShift), n_ctx rounded up to a whole tile. Uninitialized: a position is written before
+  // attention reads it, so the pages of positions never reached are never touched (Llama 2 7B at
+  // 4096 positions: 2 GiB each, which used to be zeroed when the session was made). On huge pages:
+  // a decode step writes a row in every layer, and on 4 KB pages that was a page fault in the
+  // token's path every few rows (11 per token on the 1.1B synthetic model, ≈ 33 µs each on our VM;
   // generate decoded 5% faster without them). The cost: RSS grows 2 MB per layer at a time.
   // Of kv_type_: the float pair or the half pair; the other stays empty.
   std::vector<float, HugePageAllocator<float>> k_cache_;
   std::vector<float, HugePageAllocator<float>> v_cache_;
   std::vector<uint16_t, HugePageAllocator<uint16_t>> k_cache_f16_;
   std::vector<uint16_t, HugePageAllocator<uint16_t>> v_cache_f16_;
+  int kv_tile_shift_ = 0;
   RopeTable rope_table_;
   RopeTable rope_table_swa_;  // sliding layers' own RoPE (Gemma 3), when has_swa_rope_
   bool has_swa_rope_ = false;

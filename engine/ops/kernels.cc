@@ -88,8 +88,9 @@ void AttendHead(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, cons
 void AttendHeadF16(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                    const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
                    float scale, float softcap, bool batched, float* scores, float* out) {
-  ops_internal::TableOf(isa).attend_f16(n_kv, k_dim, v_dim, 1, q, k_dim, k, k_stride, v, v_stride,
-                                        scale, softcap, batched, scores, out, v_dim);
+  ops_internal::TableOf(isa).attend_f16(
+      n_kv, k_dim, v_dim, 1, q, k_dim, HalfRows::Strided(k, k_stride),
+      HalfRows::Strided(v, v_stride), scale, softcap, batched, scores, out, v_dim);
 }
 
 void AttendHeadF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const uint16_t* k,
@@ -100,20 +101,19 @@ void AttendHeadF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, c
 }
 
 void AttendGroupF16(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, int n_heads,
-                    const float* q, int64_t q_stride, const uint16_t* k, int64_t k_stride,
-                    const uint16_t* v, int64_t v_stride, float scale, float softcap, bool batched,
-                    float* scores, float* out, int64_t out_stride) {
-  ops_internal::TableOf(isa).attend_f16(n_kv, k_dim, v_dim, n_heads, q, q_stride, k, k_stride, v,
-                                        v_stride, scale, softcap, batched, scores, out, out_stride);
+                    const float* q, int64_t q_stride, const HalfRows& k, const HalfRows& v,
+                    float scale, float softcap, bool batched, float* scores, float* out,
+                    int64_t out_stride) {
+  ops_internal::TableOf(isa).attend_f16(n_kv, k_dim, v_dim, n_heads, q, q_stride, k, v, scale,
+                                        softcap, batched, scores, out, out_stride);
 }
 
 void AttendGroupF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, int n_heads, const float* q,
-                    int64_t q_stride, const uint16_t* k, int64_t k_stride, const uint16_t* v,
-                    int64_t v_stride, float scale, float softcap, bool batched, float* scores,
-                    float* out, int64_t out_stride) {
+                    int64_t q_stride, const HalfRows& k, const HalfRows& v, float scale,
+                    float softcap, bool batched, float* scores, float* out, int64_t out_stride) {
   static const ops_internal::AttendF16Fn attend = ops_internal::TableOf(BestIsa()).attend_f16;
-  attend(n_kv, k_dim, v_dim, n_heads, q, q_stride, k, k_stride, v, v_stride, scale, softcap,
-         batched, scores, out, out_stride);
+  attend(n_kv, k_dim, v_dim, n_heads, q, q_stride, k, v, scale, softcap, batched, scores, out,
+         out_stride);
 }
 
 void SiluMul(Isa isa, float* gate, const float* up, int64_t n) {

@@ -81,6 +81,29 @@ void AttendHead(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float
                 int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
                 float* scores, float* out);
 
+// The rows of one KV head in a cache laid out in tiles of 2^tile_shift positions: the row of
+// position p at data + (p >> tile_shift) · tile_stride + (p mod 2^tile_shift) · row_stride, and
+// row j of an attention at position first + j. Strided: rows row_stride apart throughout (one
+// tile per position). A cache whose tiles hold each head's positions together (the session's)
+// gives every head long runs of adjacent rows, which the hardware prefetchers stream, where
+// positions side by side give each head pieces of a row a whole row apart.
+struct HalfRows {
+  const uint16_t* data = nullptr;
+  int64_t row_stride = 0;   // halves
+  int64_t tile_stride = 0;  // halves
+  int64_t first = 0;
+  int tile_shift = 0;
+
+  static HalfRows Strided(const uint16_t* rows, int64_t stride) {
+    return {rows, stride, stride, 0, 0};
+  }
+  const uint16_t* Row(int64_t j) const {
+    const int64_t p = first + j;
+    return data + (p >> tile_shift) * tile_stride +
+           (p & ((int64_t{1} << tile_shift) - 1)) * row_stride;
+  }
+};
+
 // Attention over an F16 cache (llama.cpp's default KV type): k and v rows of halves, strides in
 // halves. It computes as llama.cpp's CPU build does, operation for operation (q and the softmax
 // weights rounded to half, its products' summation orders, its vector exp), so that a file gives
@@ -92,18 +115,17 @@ void AttendHeadF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, c
 void AttendHeadF16(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
                    const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
                    float scale, float softcap, bool batched, float* scores, float* out);
-// AttendHeadF16 for n_heads query heads that share the cached rows (grouped-query attention):
-// head h's q at q + h · q_stride, its output at out + h · out_stride, scores scratch for
-// n_heads · n_kv floats. Each head's output is AttendHeadF16's for it, bit for bit; the kernels
-// read each cached row once for the heads they take together, not once per head.
+// AttendHeadF16 for n_heads query heads that share the cached rows k and v (grouped-query
+// attention): head h's q at q + h · q_stride, its output at out + h · out_stride, scores scratch
+// for n_heads · n_kv floats. Each head's output is AttendHeadF16's for it, bit for bit; the
+// kernels read each cached row once for the heads they take together, not once per head.
 void AttendGroupF16(int64_t n_kv, int64_t k_dim, int64_t v_dim, int n_heads, const float* q,
-                    int64_t q_stride, const uint16_t* k, int64_t k_stride, const uint16_t* v,
-                    int64_t v_stride, float scale, float softcap, bool batched, float* scores,
-                    float* out, int64_t out_stride);
+                    int64_t q_stride, const HalfRows& k, const HalfRows& v, float scale,
+                    float softcap, bool batched, float* scores, float* out, int64_t out_stride);
 void AttendGroupF16(Isa isa, int64_t n_kv, int64_t k_dim, int64_t v_dim, int n_heads,
-                    const float* q, int64_t q_stride, const uint16_t* k, int64_t k_stride,
-                    const uint16_t* v, int64_t v_stride, float scale, float softcap, bool batched,
-                    float* scores, float* out, int64_t out_stride);
+                    const float* q, int64_t q_stride, const HalfRows& k, const HalfRows& v,
+                    float scale, float softcap, bool batched, float* scores, float* out,
+                    int64_t out_stride);
 
 // gate := silu(gate) · up, n elements, as ggml's CPU computes it (its vector expf on each whole
 // 16 elements, expf on the rest), so that a SwiGLU FFN gives llama.cpp's numbers bit for bit.

@@ -257,9 +257,9 @@ using AttendFn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, const floa
                           float scale, float softcap, float* scores, float* out);
 // kernels.h's AttendGroupF16: the same over rows of halves, for the query heads that share them.
 using AttendF16Fn = void (*)(int64_t n_kv, int64_t k_dim, int64_t v_dim, int n_heads,
-                             const float* q, int64_t q_stride, const uint16_t* k, int64_t k_stride,
-                             const uint16_t* v, int64_t v_stride, float scale, float softcap,
-                             bool batched, float* scores, float* out, int64_t out_stride);
+                             const float* q, int64_t q_stride, const HalfRows& k, const HalfRows& v,
+                             float scale, float softcap, bool batched, float* scores, float* out,
+                             int64_t out_stride);
 
 // Everything one ISA has for one weight type (a cell of the weight-type table). Panel, gemm
 // and axpy kernels are null where the ISA has none.

@@ -252,15 +252,21 @@ TypeKernels QuantKernels(void (*to_float)(const void*, float*, int64_t),
 
 }  // namespace
 
+// Rows of floats at one stride (kernels.h's HalfRows is the F16 cache's).
+struct FloatRows {
+  const float* data;
+  int64_t stride;
+  const float* Row(int64_t j) const { return data + j * stride; }
+};
+
 // The reference: a double dot per position, the cap, softmax as cpu_ops.h's Softmax, then the
-// values summed position by position. Row: float, or uint16_t for an F16 cache, whose q and
+// values summed position by position. Rows: FloatRows, or HalfRows for an F16 cache, whose q and
 // softmax weights are rounded to half (kernels.h's AttendHeadF16).
-template <class Row>
-void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const Row* k,
-                  int64_t k_stride, const Row* v, int64_t v_stride, float scale, float softcap,
-                  float* scores, float* out) {
-  constexpr bool kHalf = std::is_same_v<Row, uint16_t>;
-  auto at = [](const Row* p, int64_t i) {
+template <class Rows>
+void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const Rows& k,
+                  const Rows& v, float scale, float softcap, float* scores, float* out) {
+  constexpr bool kHalf = std::is_same_v<Rows, HalfRows>;
+  auto at = [](const auto* p, int64_t i) {
     if constexpr (kHalf) {
       return HalfToFloat(p[i]);
     } else {
@@ -271,7 +277,7 @@ void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, co
   float max = -INFINITY;
   for (int64_t j = 0; j < n_kv; ++j) {
     double s = 0.0;
-    for (int64_t i = 0; i < k_dim; ++i) s += double{operand(q[i])} * at(k, j * k_stride + i);
+    for (int64_t i = 0; i < k_dim; ++i) s += double{operand(q[i])} * at(k.Row(j), i);
     scores[j] = static_cast<float>(s) * scale;
     if (softcap > 0) scores[j] = softcap * std::tanh(scores[j] / softcap);
     max = std::max(max, scores[j]);
@@ -285,8 +291,15 @@ void AttendScalar(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, co
   for (int64_t i = 0; i < v_dim; ++i) out[i] = 0.0f;
   for (int64_t j = 0; j < n_kv; ++j) {
     const float p = operand(scores[j] * inv);
-    for (int64_t i = 0; i < v_dim; ++i) out[i] += p * at(v, j * v_stride + i);
+    for (int64_t i = 0; i < v_dim; ++i) out[i] += p * at(v.Row(j), i);
   }
+}
+
+void AttendScalarF32(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q, const float* k,
+                     int64_t k_stride, const float* v, int64_t v_stride, float scale, float softcap,
+                     float* scores, float* out) {
+  AttendScalar(n_kv, k_dim, v_dim, q, FloatRows{k, k_stride}, FloatRows{v, v_stride}, scale,
+               softcap, scores, out);
 }
 
 // ---- ggml's float operators, bit for bit (kernels_simd.inc's ExpGgml, SiluMul, AttendF16Ggml) --
@@ -317,13 +330,14 @@ float Reduce16(const float* a) {
 }
 
 // ggml_vec_dot_f16 and tinyBLAS's dot (kernels_simd.inc's VecDotF16Ggml, GemmDotF16Ggml), over
-// n halves x[i * stride] and floats y[i], as ggml computes them on a row of `padded` elements
-// whose last padded - n are zeros.
-float VecDotF16Ggml(int64_t n, int64_t padded, const uint16_t* x, int64_t stride, const float* y) {
+// n halves x(i) and floats y[i], as ggml computes them on a row of `padded` elements whose last
+// padded - n are zeros.
+template <class X>
+float VecDotF16Ggml(int64_t n, int64_t padded, X x, const float* y) {
   const int64_t whole = padded / 64 * 64;
   float acc[64] = {};
   for (int64_t i = 0; i < std::min(whole, n); ++i) {
-    acc[i % 64] = std::fma(HalfToFloat(x[i * stride]), y[i], acc[i % 64]);
+    acc[i % 64] = std::fma(HalfToFloat(x(i)), y[i], acc[i % 64]);
   }
   double sum = 0.0;
   if (whole > 0) {
@@ -331,15 +345,14 @@ float VecDotF16Ggml(int64_t n, int64_t padded, const uint16_t* x, int64_t stride
     for (int l = 0; l < 16; ++l) lanes[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
     sum = Reduce16(lanes);
   }
-  for (int64_t i = whole; i < n; ++i) sum += static_cast<double>(HalfToFloat(x[i * stride]) * y[i]);
+  for (int64_t i = whole; i < n; ++i) sum += static_cast<double>(HalfToFloat(x(i)) * y[i]);
   return static_cast<float>(sum);
 }
 
-float GemmDotF16Ggml(int64_t n, const uint16_t* x, int64_t stride, const float* y) {
+template <class X>
+float GemmDotF16Ggml(int64_t n, X x, const float* y) {
   float lanes[16] = {};
-  for (int64_t i = 0; i < n; ++i) {
-    lanes[i % 16] = std::fma(HalfToFloat(x[i * stride]), y[i], lanes[i % 16]);
-  }
+  for (int64_t i = 0; i < n; ++i) lanes[i % 16] = std::fma(HalfToFloat(x(i)), y[i], lanes[i % 16]);
   return Reduce16(lanes);
 }
 
@@ -357,22 +370,21 @@ void SiluMulScalar(float* gate, const float* up, int64_t n) {
 namespace {
 
 void AttendHeadScalarF16Ggml(int64_t n_kv, int64_t k_dim, int64_t v_dim, const float* q,
-                             const uint16_t* k, int64_t k_stride, const uint16_t* v,
-                             int64_t v_stride, float scale, float softcap, bool batched,
-                             float* scores, float* out) {
+                             const HalfRows& k, const HalfRows& v, float scale, float softcap,
+                             bool batched, float* scores, float* out) {
   constexpr int64_t kMaxDim = 256;  // as kernels_simd.inc's kMaxGgmlHeadDim
   if (k_dim > kMaxDim || v_dim > kMaxDim) {
-    AttendScalar<uint16_t>(n_kv, k_dim, v_dim, q, k, k_stride, v, v_stride, scale, softcap, scores,
-                           out);
+    AttendScalar(n_kv, k_dim, v_dim, q, k, v, scale, softcap, scores, out);
     return;
   }
   float qh[kMaxDim];
   for (int64_t c = 0; c < k_dim; ++c) qh[c] = HalfToFloat(FloatToHalf(q[c]));
   float max = -INFINITY;
   for (int64_t j = 0; j < n_kv; ++j) {
-    const uint16_t* row = k + j * k_stride;
-    float s = (batched && k_dim % 16 == 0 ? GemmDotF16Ggml(k_dim, row, 1, qh)
-                                          : VecDotF16Ggml(k_dim, k_dim, row, 1, qh)) *
+    const uint16_t* row = k.Row(j);
+    auto x = [row](int64_t i) { return row[i]; };
+    float s = (batched && k_dim % 16 == 0 ? GemmDotF16Ggml(k_dim, x, qh)
+                                          : VecDotF16Ggml(k_dim, k_dim, x, qh)) *
               scale;
     if (softcap > 0) s = softcap * std::tanh(s * (1.0f / softcap));
     scores[j] = s;
@@ -392,8 +404,8 @@ void AttendHeadScalarF16Ggml(int64_t n_kv, int64_t k_dim, int64_t v_dim, const f
   // ggml's rows of kq hold the positions padded with masked ones (weight 0) to a multiple of 32.
   const int64_t n_pad = n_kv <= 32 ? 32 : (n_kv + 31) / 32 * 32;
   for (int64_t c = 0; c < v_dim; ++c) {
-    out[c] = batched ? GemmDotF16Ggml(n_kv, v + c, v_stride, scores)
-                     : VecDotF16Ggml(n_kv, n_pad, v + c, v_stride, scores);
+    auto x = [&v, c](int64_t j) { return v.Row(j)[c]; };
+    out[c] = batched ? GemmDotF16Ggml(n_kv, x, scores) : VecDotF16Ggml(n_kv, n_pad, x, scores);
   }
 }
 
@@ -401,12 +413,12 @@ void AttendHeadScalarF16Ggml(int64_t n_kv, int64_t k_dim, int64_t v_dim, const f
 
 // Head by head: the reference of the kernels that take the heads together.
 void AttendScalarF16Ggml(int64_t n_kv, int64_t k_dim, int64_t v_dim, int n_heads, const float* q,
-                         int64_t q_stride, const uint16_t* k, int64_t k_stride, const uint16_t* v,
-                         int64_t v_stride, float scale, float softcap, bool batched, float* scores,
-                         float* out, int64_t out_stride) {
+                         int64_t q_stride, const HalfRows& k, const HalfRows& v, float scale,
+                         float softcap, bool batched, float* scores, float* out,
+                         int64_t out_stride) {
   for (int h = 0; h < n_heads; ++h) {
-    AttendHeadScalarF16Ggml(n_kv, k_dim, v_dim, q + h * q_stride, k, k_stride, v, v_stride, scale,
-                            softcap, batched, scores + h * n_kv, out + h * out_stride);
+    AttendHeadScalarF16Ggml(n_kv, k_dim, v_dim, q + h * q_stride, k, v, scale, softcap, batched,
+                            scores + h * n_kv, out + h * out_stride);
   }
 }
 
@@ -479,7 +491,7 @@ const IsaKernels& ScalarKernels() {
   static const std::vector<IsaTypeKernels> types = ScalarTypes();
   static const IsaKernels kernels = {types.data(),
                                      static_cast<int>(types.size()),
-                                     AttendScalar<float>,
+                                     AttendScalarF32,
                                      AttendScalarF16Ggml,
                                      SiluMulScalar,
                                      ScalarQ4GroupKernels(),
