@@ -23,10 +23,10 @@ constexpr int64_t kAttentionHeadsPerItem = 4;
 // The F16 cache in tiles of positions, each KV head's rows of a tile together (kernels.h's
 // HalfRows), 64 KB of them per head: a head's K and V rows come in runs that the hardware
 // prefetchers stream, where rows of positions side by side gave each head one piece of every row
-// of all heads (on the 1.1B shape 128 bytes of each 512). An operator loop over 22 layers at 4000
-// positions (EPYC, 2 threads): attention 13.2 -> 9.0 ms per token as one run per head; as tiles,
-// 8 KB to 32 KB runs were 1.13x slower than one run per head and 64 KB ones as fast. Tiles rather
-// than one run per head keep the pages a short sequence touches about as few as side by side.
+// of all heads (on the 1.1B shape 128 bytes of each 512): at 4000 positions its attention took
+// 1.4x as long (docs/types.md, "The KV cache"). Runs of 32 KB were 1.13x slower than one run per
+// head, runs of 64 KB as fast. Tiles rather than one run per head for the whole context keep the
+// pages a short sequence touches about as few as with rows side by side.
 constexpr int64_t kKvTileBytes = int64_t{1} << 16;
 
 // log2 of the positions per tile: kKvTileBytes per head, fewer for a context that is shorter.
