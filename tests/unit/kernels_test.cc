@@ -362,8 +362,8 @@ TEST_CASE("AttendGroupF16 of every ISA gives each head the scalar AttendHeadF16"
   struct Dims {
     int64_t k_dim, v_dim;
   };
-  for (const Dims d :
-       {Dims{17, 17}, Dims{64, 64}, Dims{128, 128}, Dims{200, 200}, Dims{64, 40}, Dims{40, 72}}) {
+  for (const Dims d : {Dims{17, 17}, Dims{64, 64}, Dims{128, 128}, Dims{192, 192}, Dims{256, 256},
+                       Dims{80, 80}, Dims{200, 200}, Dims{64, 40}, Dims{40, 72}}) {
     for (int n_heads : {1, 2, 3, 4, 5, 8, 9}) {
       for (int64_t n_kv : {1, 16, 33, 80, 215}) {
         for (bool batched : {false, true}) {
@@ -415,7 +415,8 @@ TEST_CASE("AttendGroupF16 over rows in tiles equals the same rows at one stride"
     int64_t k_dim, v_dim;
   };
   constexpr uint16_t kNaN = 0x7E00;
-  for (const Dims d : {Dims{64, 64}, Dims{40, 72}, Dims{128, 128}, Dims{288, 288}}) {
+  for (const Dims d :
+       {Dims{64, 64}, Dims{40, 72}, Dims{128, 128}, Dims{256, 256}, Dims{288, 288}}) {
     for (int tile_shift : {0, 2, 4, 8}) {
       for (int64_t first : {0, 3, 17}) {
         for (int64_t n_kv : {1, 33, 80, 215}) {
