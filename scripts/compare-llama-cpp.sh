@@ -10,11 +10,14 @@
 # Environment: ROUNDS (alternated rounds, default 3), THREADS (default "1 2"), PROMPT (prompt
 # tokens, default 64), GEN (generated tokens, default 64), THERMOCLINE (the binary, default
 # build/tools/thermocline beside this script's checkout), LLAMA_ARGS (more llama-bench options,
-# e.g. "-mmp 0": its weights read into memory instead of from the file's mapping).
+# e.g. "-mmp 0": its weights read into memory instead of from the file's mapping). DEPTHS
+# (e.g. "1024 4000"): also prefill that many tokens and decode GEN after them, on both sides
+# (`llama-batched-bench`, found beside LLAMA_BENCH or given as LLAMA_BATCHED_BENCH, since
+# llama-bench decodes from an empty context); figures prefill@N and decode@N.
 set -euo pipefail
 
 if [[ $# -lt 2 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 llama_bench=$1
@@ -25,8 +28,15 @@ rounds=${ROUNDS:-3}
 threads=${THREADS:-"1 2"}
 prompt=${PROMPT:-64}
 gen=${GEN:-64}
-for tool in "$llama_bench" "$thermocline"; do
+depths=${DEPTHS:-}
+llama_batched=${LLAMA_BATCHED_BENCH:-$(dirname "$llama_bench")/llama-batched-bench}
+tools=("$llama_bench" "$thermocline")
+[[ -n "$depths" ]] && tools+=("$llama_batched")
+for tool in "${tools[@]}"; do
   [[ -x "$tool" ]] || { echo "compare-llama-cpp: $tool is not an executable" >&2; exit 1; }
+done
+for d in $depths; do
+  [[ "$d" =~ ^[1-9][0-9]*$ ]] || { echo "compare-llama-cpp: DEPTHS: $d is not a token count" >&2; exit 1; }
 done
 for model in "$@"; do
   [[ -f "$model" ]] || { echo "compare-llama-cpp: $model is not a file" >&2; exit 1; }
@@ -64,6 +74,29 @@ for r in json.loads(sys.argv[1]):
 ' "$json" | while read -r what ts; do record "$1" "$2" llama.cpp "$what" "$ts"; done
 }
 
+# Prefill of `depth` tokens, then decode of GEN after them, on both sides.
+depth_round() {  # model threads depth
+  local out
+  out=$(run_quiet "$llama_batched" -m "$1" -t "$2" -c $(($3 + gen + 64)) -b 2048 -ub 512 \
+    -npp "$3" -ntg "$gen" -npl 1 --output-format jsonl)
+  python3 -c '
+import json, sys
+for line in sys.argv[1].splitlines():
+    if line.startswith("{"):
+        r = json.loads(line)
+        print("prefill@%s" % sys.argv[2], r["speed_pp"])
+        print("decode@%s" % sys.argv[2], r["speed_tg"])
+' "$out" "$3" | while read -r what ts; do record "$1" "$2" llama.cpp "$what" "$ts"; done
+  out=$(run_quiet "$thermocline" bench -m "$1" --threads "$2" --prompt-tokens "$3" \
+    --gen-tokens "$gen" --repetitions 1 --sparse off --json)
+  python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+print("prefill@%s" % sys.argv[2], j["prompt_tokens_per_s"])
+print("decode@%s" % sys.argv[2], j["decode_tokens_per_s"])
+' "$out" "$3" | while read -r what ts; do record "$1" "$2" thermocline "$what" "$ts"; done
+}
+
 thermocline_round() {  # model threads
   local json
   json=$(run_quiet "$thermocline" bench -m "$1" --threads "$2" --prompt-tokens "$prompt" \
@@ -95,6 +128,7 @@ for round in $(seq "$rounds"); do
       echo "round $round/$rounds: $(basename "$model"), $t threads" >&2
       llama_round "$model" "$t"
       thermocline_round "$model" "$t"
+      for d in $depths; do depth_round "$model" "$t" "$d"; done
     done
   done
 done
@@ -111,7 +145,10 @@ print("| model | threads | figure | llama.cpp tok/s | Thermocline tok/s | ratio 
 print("|---|---|---|---|---|---|")
 for model, threads in sorted({(k[0], k[1]) for k in runs}):
     name = os.path.basename(model)
-    for what in ("prefill", "decode", "sparse-decode"):
+    depths = sorted({int(k[3].split("@")[1]) for k in runs if "@" in k[3]})
+    figures = ["prefill", "decode", "sparse-decode"]
+    figures += [f"{w}@{d}" for d in depths for w in ("prefill", "decode")]
+    for what in figures:
         ours = runs.get((model, threads, "thermocline", what), [])
         if not ours:
             continue

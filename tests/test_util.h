@@ -60,14 +60,15 @@ inline std::string ThermoclineBinary() {
   return THERMOCLINE_BINARY;
 }
 
-// Output and exit code of the `thermocline` binary run with `args` (stdout and stderr merged).
+// Output and exit code of a command (stdout and stderr merged).
 struct CliResult {
   int exit_code;
   std::string out;
 };
 
-inline CliResult RunThermocline(const std::string& args) {
-  const std::string cmd = ThermoclineBinary() + " " + args + " 2>&1";
+// A shell command line, run to its end.
+inline CliResult RunShell(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
   CliResult r;
@@ -77,6 +78,11 @@ inline CliResult RunThermocline(const std::string& args) {
   const int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// The `thermocline` binary run with `args`.
+inline CliResult RunThermocline(const std::string& args) {
+  return RunShell(ThermoclineBinary() + " " + args);
 }
 
 // `thermocline profile` of `model` on the kit's corpus into `sidecar`, short (512 tokens, one
