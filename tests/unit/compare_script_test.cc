@@ -58,7 +58,9 @@ std::string ReadFile(const fs::path& path) {
   return s.str();
 }
 
-CliResult RunScript(const fs::path& stubs, const std::string& model) {
+// The script, one round at one thread, against the stubs written into `stubs`.
+CliResult RunScript(const fs::path& stubs, bool batched_fails, const std::string& model) {
+  WriteStubs(stubs, batched_fails);
   return testing::RunShell("THERMOCLINE=" + testing::ThermoclineBinary() +
                            " ROUNDS=1 THREADS=1 PROMPT=8 GEN=4 DEPTHS=16 bash " +
                            THERMOCLINE_SOURCE_DIR + "/scripts/compare-llama-cpp.sh " +
@@ -94,8 +96,7 @@ TEST_CASE("compare-llama-cpp.sh reads both sides' figures and prints their ratio
   const std::string model = TestModelPath("stories260K.gguf");
   if (!fs::exists(model)) THERMOCLINE_SKIP("stories260K.gguf is not in " + TestModelsDir());
   const fs::path stubs = TempDir() / "compare-stubs";
-  WriteStubs(stubs, /*batched_fails=*/false);
-  const CliResult r = RunScript(stubs, model);
+  const CliResult r = RunScript(stubs, /*batched_fails=*/false, model);
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
 
@@ -128,9 +129,7 @@ TEST_CASE("compare-llama-cpp.sh reads both sides' figures and prints their ratio
 TEST_CASE("compare-llama-cpp.sh stops with the failing tool's message", "[scripts]") {
   const std::string model = TestModelPath("stories260K.gguf");
   if (!fs::exists(model)) THERMOCLINE_SKIP("stories260K.gguf is not in " + TestModelsDir());
-  const fs::path stubs = TempDir() / "compare-stubs-failing";
-  WriteStubs(stubs, /*batched_fails=*/true);
-  const CliResult r = RunScript(stubs, model);
+  const CliResult r = RunScript(TempDir() / "compare-stubs-failing", /*batched_fails=*/true, model);
   INFO(r.out);
   CHECK(r.exit_code != 0);
   CHECK(r.out.find("compare-llama-cpp: failed:") != std::string::npos);
