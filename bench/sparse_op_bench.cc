@@ -78,6 +78,12 @@ struct Layer {
   int64_t hot_start = 0;      // kMixed: where the hot block begins
 };
 
+// The down_t the sparse path reads: interleaved with gate and up where they were, and share its
+// type.
+const WeightView& DownT(const Layer& l) {
+  return l.gate_up.down_t.data != nullptr ? l.gate_up.down_t : l.down_t.view;
+}
+
 // Draws `m` distinct neurons of [0, n) into idx (sorted); perm: a permutation buffer of n.
 void DrawActive(Rng& rng, ActivePattern pattern, int64_t n, int64_t m, int64_t hot_start,
                 std::vector<int32_t>& perm, std::vector<int32_t>& idx) {
@@ -175,7 +181,10 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
     if (!dt.ok()) return dt.status();
     layers[0].down_t = *std::move(dt);
     if (o.interleave_gate_up) {
-      auto gu = InterleaveGateUp(pool, layers[0].gate.view, layers[0].up.view);
+      // down_t beside them where it has their type, as SparseWeights lays a neuron's rows.
+      const WeightView& dt = layers[0].down_t.view;
+      auto gu = InterleaveGateUp(pool, layers[0].gate.view, layers[0].up.view, nullptr,
+                                 dt.type == type ? &dt : nullptr);
       if (!gu.ok()) return gu.status();
       layers[0].gate_up = *std::move(gu);
     }
@@ -198,8 +207,11 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
       if (o.interleave_gate_up) {
         c.gate_up.storage = Copy(layers[0].gate_up.storage);
         const WeightView& v = c.gate_up.storage.view;
-        c.gate_up.gate = {type, n_ff, d, v.data, 2 * v.row_bytes};
-        c.gate_up.up = {type, n_ff, d, v.data + v.row_bytes, 2 * v.row_bytes};
+        const bool with_down = layers[0].gate_up.down_t.data != nullptr;
+        const size_t stride = (with_down ? 3 : 2) * v.row_bytes;
+        c.gate_up.gate = {type, n_ff, d, v.data, stride};
+        c.gate_up.up = {type, n_ff, d, v.data + v.row_bytes, stride};
+        if (with_down) c.gate_up.down_t = {type, n_ff, d, v.data + 2 * v.row_bytes, stride};
       }
       layers.push_back(std::move(c));
     }
@@ -235,7 +247,7 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
       SparseGateUp(pool, isa, g, x_gate.data(), u, x_gate.data(), idx.data(), m, y_gate.data(),
                    y_up.data());
       const auto t1 = std::chrono::steady_clock::now();
-      SparseAxpy(pool, isa, l.down_t.view, idx.data(), act.data(), m, out.data(), sparse_scratch);
+      SparseAxpy(pool, isa, DownT(l), idx.data(), act.data(), m, out.data(), sparse_scratch);
       const auto t2 = std::chrono::steady_clock::now();
       *gu = Micros(t0, t1);
       *dn = Micros(t1, t2);
@@ -260,7 +272,7 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
       const int64_t m = static_cast<int64_t>(idx.size());
       const WeightView& g = o.interleave_gate_up ? l.gate_up.gate : l.gate.view;
       const WeightView& u = o.interleave_gate_up ? l.gate_up.up : l.up.view;
-      const WeightView& dt = l.down_t.view;
+      const WeightView& dt = DownT(l);
       const size_t gu_bytes = RowBytes(type, d), dt_bytes = RowBytes(dt.type, dt.cols);
       const auto t0 = std::chrono::steady_clock::now();
       pool.Run([&](int part) {

@@ -173,7 +173,7 @@ double ReplaySparseReads(const SparseWeights& weights, ThreadPool& pool,
         for (size_t c = part; c < rec.chunks.size(); c += parts) {
           const ActiveSetRecorder::Chunk& chunk = rec.chunks[c];
           sum += TouchRows(y.gate, chunk.predicted) + TouchRows(y.up, chunk.up) +
-                 TouchRows(y.down_t.view, chunk.fired);
+                 TouchRows(y.down_t, chunk.fired);
         }
         sinks[part * 8] += sum;
       });

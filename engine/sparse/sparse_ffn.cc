@@ -165,15 +165,24 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
       return !p.fire_count.empty() && p.fire_count[a] > p.fire_count[b];
     });
     const int32_t* order = y.neuron_of.data();
-    // A neuron's gate and up rows side by side where they share a type: what the hardware
-    // prefetcher streams past the end of a gate row is then its up row, needed when the gate
-    // fires, not the next neuron's gate row. 1.1B synthetic model, 2 threads, 7 alternating
-    // runs: median ratio 1.83x interleaved, 1.73x separate.
+    // A PowerInfer file's own ffn_down_t is gathered as it is; else down is transposed.
+    absl::StatusOr<OwnedWeight> down_t = L.ffn_down_t.data != nullptr
+                                             ? GatherRows(pool, L.ffn_down_t, order, h.n_ff)
+                                             : TransposeWeight(pool, L.ffn_down, order);
+    if (!down_t.ok()) return down_t.status();
+    // A neuron's rows side by side (InterleaveGateUp): gate, up and down_t where down_t has
+    // their type (Q4_0, Q8_0 and float models), else gate and up. A fired neuron is then one
+    // contiguous read, which the hardware prefetchers follow from its gate row on, rather than
+    // two scattered ones (docs/sparse.md, "Measured effects the design rests on").
     // Gate-first layers read every gate row and few up rows: kept apart, gate is one stream.
     absl::StatusOr<InterleavedGateUp> gu =
-        p.method == SparseMethod::kGateFirst
-            ? absl::FailedPreconditionError("gate-first: gate and up apart")
-            : InterleaveGateUp(pool, L.ffn_gate, L.ffn_up, order);
+        absl::FailedPreconditionError("gate-first: gate and up apart");
+    if (p.method != SparseMethod::kGateFirst) {
+      const WeightView& dt = down_t->view;
+      const bool with_down =
+          dt.type == L.ffn_gate.type && dt.rows == h.n_ff && dt.cols == L.ffn_gate.cols;
+      gu = InterleaveGateUp(pool, L.ffn_gate, L.ffn_up, order, with_down ? &dt : nullptr);
+    }
     if (gu.ok()) {
       y.gate_rows = std::move(gu->storage);
       y.gate = gu->gate;
@@ -184,12 +193,12 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
       y.gate = y.gate_rows.view;
       y.up = y.up_rows.view;
     }
-    // A PowerInfer file's own ffn_down_t is gathered as it is; else down is transposed.
-    absl::StatusOr<OwnedWeight> down_t = L.ffn_down_t.data != nullptr
-                                             ? GatherRows(pool, L.ffn_down_t, order, h.n_ff)
-                                             : TransposeWeight(pool, L.ffn_down, order);
-    if (!down_t.ok()) return down_t.status();
-    y.down_t = *std::move(down_t);
+    if (gu.ok() && gu->down_t.data != nullptr) {
+      y.down_t = gu->down_t;
+    } else {
+      y.down_t_rows = *std::move(down_t);
+      y.down_t = y.down_t_rows.view;
+    }
     if (p.rank > 0) {
       const OwnedWeight fc2 = GatherRows(pool, p.fc2.view, order, h.n_ff);  // (n_ff, rank)
       absl::StatusOr<OwnedWeight> fc2_t = TransposeWeight(pool, fc2.view);  // (rank, n_ff)
@@ -217,7 +226,7 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
 uint64_t SparseWeights::bytes() const {
   uint64_t total = 0;
   for (const Layer& y : layers_) {
-    total += y.gate_rows.data.size() + y.up_rows.data.size() + y.down_t.data.size() +
+    total += y.gate_rows.data.size() + y.up_rows.data.size() + y.down_t_rows.data.size() +
              y.fc2_t.data.size();
     for (const ColumnWeight* c :
          {&y.qkv_c, &y.q_c, &y.k_c, &y.v_c, &y.gate_c, &y.up_c, &y.down_c}) {
@@ -265,7 +274,7 @@ absl::Status SparseFfn::StartGpu() {
     gpu::GpuFfnLayerSpec layer;
     layer.gate = y.gate;
     layer.up = y.up;
-    layer.down_t = y.down_t.view;
+    layer.down_t = y.down_t;
     device_slots[l].resize(y.n_device);
     for (int32_t s = 0; s < y.n_device; ++s) device_slots[l][s] = s;
     layer.device_neurons = device_slots[l];
@@ -476,7 +485,7 @@ std::vector<gpu::GateFirstLayer> DeviceGateFirst(const SparseWeights& weights) {
     gpu::GateFirstLayer& d = out[l];
     d.gate = y.gate;
     d.up = y.up;
-    d.down_t = y.down_t.view;
+    d.down_t = y.down_t;
     d.gate_scale = y.gate_scale.empty() ? nullptr : y.gate_scale.data();
     d.gate_threshold = p.gate_threshold;
     d.magnitude_threshold = p.magnitude_threshold;
@@ -644,7 +653,7 @@ void SparseFfn::Prefill(int layer, const float* xn, int64_t n, float* out) {
   MatMul(*pool_, y.gate, xn, n, prefill_gate_.data(), matmul_scratch_);
   MatMul(*pool_, y.up, xn, n, prefill_up_.data(), matmul_scratch_);
   GatedActivation(h.activation, prefill_gate_.data(), prefill_up_.data(), n * h.n_ff);
-  SparseAxpyTokens(*pool_, isa_, y.down_t.view, prefill_gate_.data(), n, out, prefill_axpy_);
+  SparseAxpyTokens(*pool_, isa_, y.down_t, prefill_gate_.data(), n, out, prefill_axpy_);
 }
 
 void SparseFfn::ForwardToken(int layer, const float* xn, float* out) {
@@ -791,7 +800,7 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, floa
   if (p.method == SparseMethod::kGateFirst) {  // no predictor: n is every slot (or the listed)
     int64_t n_up = 0;
     const int64_t m = GateFirstRows(
-        isa_, h.activation, gw, x_gate_.data(), uw, x_up, y.down_t.view, idx, n, p.gate_threshold,
+        isa_, h.activation, gw, x_gate_.data(), uw, x_up, y.down_t, idx, n, p.gate_threshold,
         y.gate_scale.empty() ? nullptr : y.gate_scale.data(), p.magnitude_threshold, gate, up, out,
         &n_up, observer_ != nullptr ? lane.seen_up.data() : nullptr);
     lane.up_rows += n_up;
@@ -820,7 +829,7 @@ void SparseFfn::RunChunk(int layer, Lane& lane, int64_t begin, int64_t end, floa
                        {lane.seen_up.data(), static_cast<size_t>(n)},
                        {idx, static_cast<size_t>(m)});
   }
-  SparseAxpyRows(isa_, y.down_t.view, 0, h.n_embd, idx, gate, m, out);
+  SparseAxpyRows(isa_, y.down_t, 0, h.n_embd, idx, gate, m, out);
 }
 
 void SparseFfn::ForwardTokenOracle(int layer, const float* xn, float* out, bool host_only) {
@@ -868,7 +877,7 @@ void SparseFfn::ForwardTokenOracle(int layer, const float* xn, float* out, bool 
 
 void SparseFfn::RunPart(int layer, Executor& e, int64_t n) {
   const SparseWeights::Layer& y = weights_->layer(layer);
-  SparseAxpy(*e.pool, isa_, y.down_t.view, e.idx.data(), e.gate.data(), n, e.out.data(), e.scratch);
+  SparseAxpy(*e.pool, isa_, y.down_t, e.idx.data(), e.gate.data(), n, e.out.data(), e.scratch);
 }
 
 double SparseFfn::NonFfnBytesPerToken() const {
@@ -934,7 +943,9 @@ double SparseFfn::SparseBytesPerToken() const {
     const double gu =
         options_.oracle ? (L.ffn_gate.row_bytes + L.ffn_up.row_bytes) * L.ffn_gate.rows
                         : L.ffn_gate.row_bytes * predicted_per_layer + L.ffn_up.row_bytes * up_rows;
-    bytes += gu + weights_->layer(static_cast<int>(l)).down_t.view.row_bytes * fired_per_layer;
+    // A row's bytes, not the stride of the interleaved copy.
+    const WeightView& down_t = weights_->layer(static_cast<int>(l)).down_t;
+    bytes += gu + RowBytes(down_t.type, down_t.cols) * fired_per_layer;
   }
   return bytes + PredictorBytesPerToken();
 }

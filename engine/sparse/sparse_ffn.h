@@ -48,13 +48,16 @@ class SparseWeights {
  public:
   struct Layer {
     std::vector<int32_t> neuron_of;  // (n_ff) slot → neuron
-    WeightView gate, up;             // (n_ff, n_embd) rows in slot order, over the copies:
-    OwnedWeight gate_rows, up_rows;  // interleaved (gate_rows holds both) or separate
-    OwnedWeight down_t;              // (n_ff, n_embd) down's columns as rows, slot order
-    OwnedWeight fc2_t;               // (rank, n_ff) the predictor's fc2ᵀ, columns in slot order
-    std::vector<float> b2;           // (n_ff) slot order
-    std::vector<float> gate_scale;   // (n_ff) slot order, gate-first layers (empty: none)
-    int64_t n_device = 0;            // the placement's device part: slots [0, n_device)
+    // (n_ff, n_embd) each, rows in slot order, over the copies; down_t: down's columns as rows.
+    // A neuron's gate, up and down_t rows side by side where they share a type (gate_rows holds
+    // all three), else its gate and up rows (gate_rows holds both, down_t_rows down_t), or
+    // all three apart (gate-first layers: gate, its one stream, apart).
+    WeightView gate, up, down_t;
+    OwnedWeight gate_rows, up_rows, down_t_rows;
+    OwnedWeight fc2_t;              // (rank, n_ff) the predictor's fc2ᵀ, columns in slot order
+    std::vector<float> b2;          // (n_ff) slot order
+    std::vector<float> gate_scale;  // (n_ff) slot order, gate-first layers (empty: none)
+    int64_t n_device = 0;           // the placement's device part: slots [0, n_device)
     // Input-sparse layers: q, k, v, gate, up and down laid out for the column-sparse mat-vec
     // (column_sparse.h). Such a layer keeps the model's order (slot s is neuron s), has no
     // device part, no down_t and no gate/up row copies (gate and up view the model's matrices):

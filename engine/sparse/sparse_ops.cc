@@ -423,26 +423,34 @@ int64_t GateFirstRowsReference(FfnActivation act, const WeightView& gate, const 
 }
 
 absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,
-                                                   const WeightView& up, const int32_t* order) {
-  if (gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols) {
+                                                   const WeightView& up, const int32_t* order,
+                                                   const WeightView* down_t) {
+  const auto differ = [&](const WeightView& w) {
+    return w.type != gate.type || w.rows != gate.rows || w.cols != gate.cols;
+  };
+  if (differ(up) || (down_t != nullptr && differ(*down_t))) {
+    const WeightView& other = differ(up) ? up : *down_t;
     return absl::InvalidArgumentError(
-        absl::StrCat("gate (", TypeName(gate.type), " ", gate.rows, "x", gate.cols, ") and up (",
-                     TypeName(up.type), " ", up.rows, "x", up.cols,
-                     ") differ in type or shape: keep them separate"));
+        absl::StrCat("gate (", TypeName(gate.type), " ", gate.rows, "x", gate.cols, ") and ",
+                     differ(up) ? "up" : "down_t", " (", TypeName(other.type), " ", other.rows, "x",
+                     other.cols, ") differ in type or shape: keep them separate"));
   }
+  const int64_t k = down_t != nullptr ? 3 : 2;  // rows per neuron
   InterleavedGateUp g;
   const size_t rb = RowBytes(gate.type, gate.cols);
-  g.storage = OwnedWeight::Allocate(gate.type, 2 * gate.rows, gate.cols);
+  g.storage = OwnedWeight::Allocate(gate.type, k * gate.rows, gate.cols);
   uint8_t* dst = g.storage.data.data();
   pool.ParallelFor(gate.rows, 64, [&](int, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t src = order != nullptr ? order[r] : r;
-      std::memcpy(dst + 2 * r * rb, gate.row(src), rb);
-      std::memcpy(dst + (2 * r + 1) * rb, up.row(src), rb);
+      std::memcpy(dst + k * r * rb, gate.row(src), rb);
+      std::memcpy(dst + (k * r + 1) * rb, up.row(src), rb);
+      if (down_t != nullptr) std::memcpy(dst + (k * r + 2) * rb, down_t->row(r), rb);
     }
   });
-  g.gate = {gate.type, gate.rows, gate.cols, dst, 2 * rb};
-  g.up = {gate.type, gate.rows, gate.cols, dst + rb, 2 * rb};
+  g.gate = {gate.type, gate.rows, gate.cols, dst, k * rb};
+  g.up = {gate.type, gate.rows, gate.cols, dst + rb, k * rb};
+  if (down_t != nullptr) g.down_t = {gate.type, gate.rows, gate.cols, dst + 2 * rb, k * rb};
   return g;
 }
 

@@ -111,20 +111,25 @@ int64_t GateFirstRowsReference(FfnActivation act, const WeightView& gate, const 
 // act(g) of a gated activation's gate alone (SiLU, GELU-tanh; ReLU for the others).
 float GateActivation(FfnActivation act, float g);
 
-// gate and up stored interleaved, built once at load: row 2i of `storage` is gate row i, row
-// 2i + 1 up row i, so an active neuron's gate and up weights are one contiguous read (random
-// rows cost more than their bytes: each starts a new DRAM access the prefetchers don't foresee).
-// `gate` and `up` view the storage with a doubled row stride; pass them to SparseGateUp as they
-// are. Costs a copy of gate and up.
+// A neuron's rows stored side by side, built once at load: row 2i of `storage` is gate row i,
+// row 2i + 1 up row i (with down_t: rows 3i, 3i + 1 and 3i + 2 are gate, up and down_t row i),
+// so that an active neuron's weights are one contiguous read (random rows cost more than their
+// bytes: each starts a new DRAM access the prefetchers don't foresee, and what they stream past
+// the end of a gate row is then the rest of that neuron, not the next neuron's gate row).
+// `gate`, `up` and `down_t` view the storage with a row stride of two or three rows; pass them to
+// the operators as they are. Costs a copy of the matrices.
 struct InterleavedGateUp {
-  OwnedWeight storage;  // (2 n_ff, n_embd)
-  WeightView gate, up;  // (n_ff, n_embd) each, row_bytes = 2 × a row
+  OwnedWeight storage;  // (2 n_ff, n_embd), or (3 n_ff, n_embd) with down_t
+  WeightView gate, up;  // (n_ff, n_embd) each, row_bytes = 2 or 3 × a row
+  WeightView down_t;    // (n_ff, n_embd) over the storage when interleaved too; else data null
 };
 // gate, up: (n_ff, n_embd) of one type. Parallel over the pool. With `order` (n_ff entries),
-// pair k holds neuron order[k]'s rows.
+// neuron k's rows are gate's and up's rows order[k]. down_t, when given: (n_ff, n_embd) of their
+// type, already in the result's order (its row k goes with neuron k).
 absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,
                                                    const WeightView& up,
-                                                   const int32_t* order = nullptr);
+                                                   const int32_t* order = nullptr,
+                                                   const WeightView* down_t = nullptr);
 
 // ---- Down: axpy over down_t rows ----
 

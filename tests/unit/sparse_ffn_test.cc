@@ -265,7 +265,11 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
   for (size_t i = 0; i < recorder.layers().size(); ++i) {
     const ActiveSetRecorder::Layer& rec = recorder.layers()[i];
     const LayerWeights& L = model.layers()[rec.layer];
-    const WeightView& down_t = (*ffn)->weights()->layer(rec.layer).down_t.view;
+    const WeightView& down_t = (*ffn)->weights()->layer(rec.layer).down_t;
+    // F32: a neuron's gate, up and down_t rows side by side, so down_t's stride is three rows;
+    // the bytes read are a row's.
+    const size_t down_row = RowBytes(down_t.type, down_t.cols);
+    CHECK(down_t.row_bytes == 3 * down_row);
     INFO("token " << i / h.n_layer << " layer " << rec.layer);
     CHECK(rec.layer == static_cast<int>(i % h.n_layer));
     std::vector<int> seen(h.n_ff, 0);
@@ -279,7 +283,7 @@ TEST_CASE("the active-set recorder sees the rows the fused path read, and they r
       for (int32_t s : c.predicted) ++seen[s];
       ffn_row_bytes +=
           static_cast<double>(L.ffn_gate.row_bytes * c.predicted.size() +
-                              L.ffn_up.row_bytes * c.up.size() + down_t.row_bytes * c.fired.size());
+                              L.ffn_up.row_bytes * c.up.size() + down_row * c.fired.size());
     }
     for (int64_t s = 0; s < h.n_ff; ++s) {
       CHECK(seen[s] <= 1);  // each slot in at most one chunk
