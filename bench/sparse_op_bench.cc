@@ -78,8 +78,7 @@ struct Layer {
   int64_t hot_start = 0;      // kMixed: where the hot block begins
 };
 
-// The down_t the sparse path reads: interleaved with gate and up where they were, and share its
-// type.
+// The down_t the sparse path reads: interleaved with gate and up where they were.
 const WeightView& DownT(const Layer& l) {
   return l.gate_up.down_t.data != nullptr ? l.gate_up.down_t : l.down_t.view;
 }
@@ -181,10 +180,9 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
     if (!dt.ok()) return dt.status();
     layers[0].down_t = *std::move(dt);
     if (o.interleave_gate_up) {
-      // down_t beside them where it has their type, as SparseWeights lays a neuron's rows.
-      const WeightView& dt = layers[0].down_t.view;
+      // down_t beside them, as SparseWeights lays a neuron's rows.
       auto gu = InterleaveGateUp(pool, layers[0].gate.view, layers[0].up.view, nullptr,
-                                 dt.type == type ? &dt : nullptr);
+                                 &layers[0].down_t.view);
       if (!gu.ok()) return gu.status();
       layers[0].gate_up = *std::move(gu);
     }
@@ -205,13 +203,17 @@ absl::StatusOr<SparseOpBenchResult> RunSparseOpBench(ThreadPool& pool,
       c.up_groups = Copy(layers[0].up_groups);
       c.down_groups = Copy(layers[0].down_groups);
       if (o.interleave_gate_up) {
-        c.gate_up.storage = Copy(layers[0].gate_up.storage);
-        const WeightView& v = c.gate_up.storage.view;
-        const bool with_down = layers[0].gate_up.down_t.data != nullptr;
-        const size_t stride = (with_down ? 3 : 2) * v.row_bytes;
-        c.gate_up.gate = {type, n_ff, d, v.data, stride};
-        c.gate_up.up = {type, n_ff, d, v.data + v.row_bytes, stride};
-        if (with_down) c.gate_up.down_t = {type, n_ff, d, v.data + 2 * v.row_bytes, stride};
+        // The same views at the same offsets into the copy.
+        const InterleavedGateUp& from = layers[0].gate_up;
+        c.gate_up.storage = Copy(from.storage);
+        const uint8_t* base = c.gate_up.storage.data.data();
+        const auto moved = [&](WeightView v) {
+          if (v.data != nullptr) v.data = base + (v.data - from.storage.data.data());
+          return v;
+        };
+        c.gate_up.gate = moved(from.gate);
+        c.gate_up.up = moved(from.up);
+        c.gate_up.down_t = moved(from.down_t);
       }
       layers.push_back(std::move(c));
     }

@@ -35,8 +35,8 @@ struct SparseOpBenchOptions {
   // between two uses of one copy, so that, as in a model, no op finds its weights in cache.
   int64_t min_weight_bytes = int64_t{256} << 20;
   uint64_t seed = 1;
-  // The sparse path reads a neuron's gate, up and (where it has their type) down_t rows side by
-  // side (InterleaveGateUp), as SparseWeights lays them out, instead of as separate matrices.
+  // The sparse path reads a neuron's gate, up and down_t rows side by side (InterleaveGateUp),
+  // as SparseWeights lays them out, instead of as separate matrices.
   bool interleave_gate_up = true;
 };
 

@@ -170,18 +170,14 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
                                              ? GatherRows(pool, L.ffn_down_t, order, h.n_ff)
                                              : TransposeWeight(pool, L.ffn_down, order);
     if (!down_t.ok()) return down_t.status();
-    // A neuron's rows side by side (InterleaveGateUp): gate, up and down_t where down_t has
-    // their type (Q4_0, Q8_0 and float models), else gate and up. A fired neuron is then one
-    // contiguous read, which the hardware prefetchers follow from its gate row on, rather than
-    // two scattered ones (docs/sparse.md, "Measured effects the design rests on").
+    // A neuron's gate, up and down_t rows side by side (InterleaveGateUp): a fired neuron is
+    // then one contiguous read, which the hardware prefetchers follow from its gate row on,
+    // rather than two scattered ones (docs/sparse.md, "Measured effects the design rests on").
     // Gate-first layers read every gate row and few up rows: kept apart, gate is one stream.
     absl::StatusOr<InterleavedGateUp> gu =
         absl::FailedPreconditionError("gate-first: gate and up apart");
     if (p.method != SparseMethod::kGateFirst) {
-      const WeightView& dt = down_t->view;
-      const bool with_down =
-          dt.type == L.ffn_gate.type && dt.rows == h.n_ff && dt.cols == L.ffn_gate.cols;
-      gu = InterleaveGateUp(pool, L.ffn_gate, L.ffn_up, order, with_down ? &dt : nullptr);
+      gu = InterleaveGateUp(pool, L.ffn_gate, L.ffn_up, order, &down_t->view);
     }
     if (gu.ok()) {
       y.gate_rows = std::move(gu->storage);

@@ -426,31 +426,36 @@ absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const Weigh
                                                    const WeightView& up, const int32_t* order,
                                                    const WeightView* down_t) {
   const auto differ = [&](const WeightView& w) {
-    return w.type != gate.type || w.rows != gate.rows || w.cols != gate.cols;
+    return w.rows != gate.rows || w.cols != gate.cols;
   };
   if (differ(up) || (down_t != nullptr && differ(*down_t))) {
     const WeightView& other = differ(up) ? up : *down_t;
     return absl::InvalidArgumentError(
-        absl::StrCat("gate (", TypeName(gate.type), " ", gate.rows, "x", gate.cols, ") and ",
-                     differ(up) ? "up" : "down_t", " (", TypeName(other.type), " ", other.rows, "x",
-                     other.cols, ") differ in type or shape: keep them separate"));
+        absl::StrCat("gate (", gate.rows, "x", gate.cols, ") and ", differ(up) ? "up" : "down_t",
+                     " (", other.rows, "x", other.cols, ") differ in shape: keep them separate"));
   }
-  const int64_t k = down_t != nullptr ? 3 : 2;  // rows per neuron
-  InterleavedGateUp g;
-  const size_t rb = RowBytes(gate.type, gate.cols);
-  g.storage = OwnedWeight::Allocate(gate.type, k * gate.rows, gate.cols);
-  uint8_t* dst = g.storage.data.data();
+  const size_t gate_bytes = RowBytes(gate.type, gate.cols), up_bytes = RowBytes(up.type, up.cols);
+  const size_t down_bytes = down_t != nullptr ? RowBytes(down_t->type, down_t->cols) : 0;
+  const size_t stride = gate_bytes + up_bytes + down_bytes;  // a neuron's
+  HugeBytes bytes(stride * gate.rows);
+  uint8_t* dst = bytes.data();
   pool.ParallelFor(gate.rows, 64, [&](int, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t src = order != nullptr ? order[r] : r;
-      std::memcpy(dst + k * r * rb, gate.row(src), rb);
-      std::memcpy(dst + (k * r + 1) * rb, up.row(src), rb);
-      if (down_t != nullptr) std::memcpy(dst + (k * r + 2) * rb, down_t->row(r), rb);
+      uint8_t* neuron = dst + r * stride;
+      std::memcpy(neuron, gate.row(src), gate_bytes);
+      std::memcpy(neuron + gate_bytes, up.row(src), up_bytes);
+      if (down_t != nullptr)
+        std::memcpy(neuron + gate_bytes + up_bytes, down_t->row(r), down_bytes);
     }
   });
-  g.gate = {gate.type, gate.rows, gate.cols, dst, k * rb};
-  g.up = {gate.type, gate.rows, gate.cols, dst + rb, k * rb};
-  if (down_t != nullptr) g.down_t = {gate.type, gate.rows, gate.cols, dst + 2 * rb, k * rb};
+  InterleavedGateUp g;
+  g.gate = {gate.type, gate.rows, gate.cols, dst, stride};
+  g.up = {up.type, gate.rows, gate.cols, dst + gate_bytes, stride};
+  if (down_t != nullptr) {
+    g.down_t = {down_t->type, gate.rows, gate.cols, dst + gate_bytes + up_bytes, stride};
+  }
+  g.storage = OwnedWeight(g.gate, std::move(bytes));
   return g;
 }
 

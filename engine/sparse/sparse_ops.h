@@ -111,21 +111,22 @@ int64_t GateFirstRowsReference(FfnActivation act, const WeightView& gate, const 
 // act(g) of a gated activation's gate alone (SiLU, GELU-tanh; ReLU for the others).
 float GateActivation(FfnActivation act, float g);
 
-// A neuron's rows stored side by side, built once at load: row 2i of `storage` is gate row i,
-// row 2i + 1 up row i (with down_t: rows 3i, 3i + 1 and 3i + 2 are gate, up and down_t row i),
-// so that an active neuron's weights are one contiguous read (random rows cost more than their
-// bytes: each starts a new DRAM access the prefetchers don't foresee, and what they stream past
-// the end of a gate row is then the rest of that neuron, not the next neuron's gate row).
-// `gate`, `up` and `down_t` view the storage with a row stride of two or three rows; pass them to
-// the operators as they are. Costs a copy of the matrices.
+// A neuron's rows stored side by side, built once at load: gate row i, then up row i (and with
+// down_t, down_t row i), then neuron i + 1's, so that an active neuron's weights are one
+// contiguous read (random rows cost more than their bytes: each starts a new DRAM access the
+// prefetchers don't foresee, and what they stream past the end of a gate row is then the rest of
+// that neuron, not the next neuron's gate row). The rows may differ in type (a K-quant model's
+// down_t is Q8_0): a neuron takes the sum of its rows' bytes. `gate`, `up` and `down_t` view the
+// storage with that stride; pass them to the operators as they are. Costs a copy of the
+// matrices.
 struct InterleavedGateUp {
-  OwnedWeight storage;  // (2 n_ff, n_embd), or (3 n_ff, n_embd) with down_t
-  WeightView gate, up;  // (n_ff, n_embd) each, row_bytes = 2 or 3 × a row
+  OwnedWeight storage;  // all of it; its view is `gate`'s
+  WeightView gate, up;  // (n_ff, n_embd) each, row_bytes = a neuron's bytes
   WeightView down_t;    // (n_ff, n_embd) over the storage when interleaved too; else data null
 };
-// gate, up: (n_ff, n_embd) of one type. Parallel over the pool. With `order` (n_ff entries),
-// neuron k's rows are gate's and up's rows order[k]. down_t, when given: (n_ff, n_embd) of their
-// type, already in the result's order (its row k goes with neuron k).
+// gate, up: (n_ff, n_embd). Parallel over the pool. With `order` (n_ff entries), neuron k's rows
+// are gate's and up's rows order[k]. down_t, when given: (n_ff, n_embd), already in the result's
+// order (its row k goes with neuron k).
 absl::StatusOr<InterleavedGateUp> InterleaveGateUp(ThreadPool& pool, const WeightView& gate,
                                                    const WeightView& up,
                                                    const int32_t* order = nullptr,

@@ -110,7 +110,7 @@ void CheckMatVec(GgmlType type, int64_t rows, int64_t cols, ThreadPool& pool) {
   }
   const absl::StatusOr<InterleavedGateUp> interleaved = InterleaveGateUp(pool, w.view, w_up.view);
   REQUIRE(interleaved.ok());
-  REQUIRE(interleaved->storage.view.rows == 2 * rows);
+  REQUIRE(interleaved->storage.data.size() == 2 * rows * w.view.row_bytes);
   for (Isa isa : AvailableIsas()) {
     const TypeKernels* k = KernelsFor(type, isa);
     if (k == nullptr) continue;
@@ -596,67 +596,77 @@ TEST_CASE("input-sparse: kept inputs shared out among threads by whole blocks", 
   }
 }
 
-TEST_CASE("interleaving gate and up refuses mismatched matrices", "[sparse]") {
+TEST_CASE("interleaving gate and up refuses matrices of other shapes", "[sparse]") {
   ThreadPool pool(1);
   const OwnedWeight a = RandomWeight(GgmlType::kQ8_0, 8, 64, 1);
-  const OwnedWeight b = RandomWeight(GgmlType::kQ4_0, 8, 64, 2);
   const OwnedWeight c = RandomWeight(GgmlType::kQ8_0, 9, 64, 3);
-  absl::StatusOr<InterleavedGateUp> r = InterleaveGateUp(pool, a.view, b.view);
-  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
-  REQUIRE(std::string(r.status().message()).find("keep them separate") != std::string::npos);
-  REQUIRE(!InterleaveGateUp(pool, a.view, c.view).ok());
+  const OwnedWeight d = RandomWeight(GgmlType::kQ8_0, 8, 96, 4);
+  for (const OwnedWeight* other : {&c, &d}) {
+    absl::StatusOr<InterleavedGateUp> r = InterleaveGateUp(pool, a.view, other->view);
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(std::string(r.status().message()).find("keep them separate") != std::string::npos);
+  }
 }
 
-// The sparse FFN lays a neuron's gate, up and down_t rows side by side where they share a type:
-// every row where it belongs, the views' stride three rows, and the operators' results over the
-// strided views the same bits as over the separate matrices.
+// The sparse FFN lays a neuron's gate, up and down_t rows side by side, of one type (Q4_0, Q8_0,
+// float models) or not (a K-quant model's down_t is Q8_0): every row where it belongs, the
+// views' stride a neuron's bytes, and the operators' results over the strided views the same
+// bits as over the separate matrices.
 TEST_CASE("interleaving a neuron's gate, up and down_t rows keeps every row", "[sparse]") {
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF32}) {
-    INFO(TypeName(type));
-    const int64_t n_ff = 37, n_embd = 96;
-    const OwnedWeight gate = RandomWeight(type, n_ff, n_embd, 11);
-    const OwnedWeight up = RandomWeight(type, n_ff, n_embd, 12);
-    const OwnedWeight down_t = RandomWeight(type, n_ff, n_embd, 13);  // already in slot order
+  const GgmlType q4_0 = GgmlType::kQ4_0, q8_0 = GgmlType::kQ8_0, f32 = GgmlType::kF32;
+  const GgmlType q4_k = GgmlType::kQ4_K, q6_k = GgmlType::kQ6_K;
+  const GgmlType types[][3] = {{q4_0, q4_0, q4_0},
+                               {q8_0, q8_0, q8_0},
+                               {f32, f32, f32},
+                               {q4_k, q4_k, q8_0},
+                               {q4_k, q6_k, q8_0}};
+  for (const auto& t : types) {
+    INFO(TypeName(t[0]) << " " << TypeName(t[1]) << " " << TypeName(t[2]));
+    const int64_t n_ff = 37, n_embd = 256;
+    const OwnedWeight gate = RandomWeight(t[0], n_ff, n_embd, 11);
+    const OwnedWeight up = RandomWeight(t[1], n_ff, n_embd, 12);
+    const OwnedWeight down_t = RandomWeight(t[2], n_ff, n_embd, 13);  // already in slot order
     std::vector<int32_t> order(n_ff);
     for (int64_t k = 0; k < n_ff; ++k) order[k] = static_cast<int32_t>((k * 5 + 3) % n_ff);
     const absl::StatusOr<InterleavedGateUp> g =
         InterleaveGateUp(pool, gate.view, up.view, order.data(), &down_t.view);
     REQUIRE(g.ok());
-    const size_t rb = RowBytes(type, n_embd);
-    REQUIRE(g->storage.view.rows == 3 * n_ff);
-    for (const WeightView* v : {&g->gate, &g->up, &g->down_t}) {
-      CHECK(v->row_bytes == 3 * rb);
-      CHECK(v->rows == n_ff);
-      CHECK(v->type == type);
+    const size_t gb = RowBytes(t[0], n_embd), ub = RowBytes(t[1], n_embd);
+    const size_t db = RowBytes(t[2], n_embd), stride = gb + ub + db;
+    CHECK(g->storage.data.size() == n_ff * stride);
+    const WeightView* views[] = {&g->gate, &g->up, &g->down_t};
+    for (int i = 0; i < 3; ++i) {
+      CHECK(views[i]->row_bytes == stride);
+      CHECK(views[i]->rows == n_ff);
+      CHECK(views[i]->cols == n_embd);
+      CHECK(views[i]->type == t[i]);
     }
     for (int64_t k = 0; k < n_ff; ++k) {
-      CHECK(std::memcmp(g->gate.row(k), gate.view.row(order[k]), rb) == 0);
-      CHECK(std::memcmp(g->up.row(k), up.view.row(order[k]), rb) == 0);
-      CHECK(std::memcmp(g->down_t.row(k), down_t.view.row(k), rb) == 0);
-      CHECK(g->up.row(k) == g->gate.row(k) + rb);  // one neuron, one contiguous read
-      CHECK(g->down_t.row(k) == g->gate.row(k) + 2 * rb);
+      CHECK(std::memcmp(g->gate.row(k), gate.view.row(order[k]), gb) == 0);
+      CHECK(std::memcmp(g->up.row(k), up.view.row(order[k]), ub) == 0);
+      CHECK(std::memcmp(g->down_t.row(k), down_t.view.row(k), db) == 0);
+      CHECK(g->up.row(k) == g->gate.row(k) + gb);  // one neuron, one contiguous read
+      CHECK(g->down_t.row(k) == g->gate.row(k) + gb + ub);
     }
     const std::vector<int32_t> idx = {0, 4, 5, 17, 36};
     const std::vector<float> act = {0.5f, -1.25f, 2.0f, 0.75f, -0.125f};
     for (Isa isa : AvailableIsas()) {
-      if (AxpyFor(type, isa) == nullptr) continue;
+      if (AxpyFor(t[2], isa) == nullptr) continue;
       std::vector<float> strided(n_embd, 0.0f), apart(n_embd, 0.0f);
       SparseAxpyRows(isa, g->down_t, 0, n_embd, idx.data(), act.data(), 5, strided.data());
       SparseAxpyRows(isa, down_t.view, 0, n_embd, idx.data(), act.data(), 5, apart.data());
       CHECK(strided == apart);
     }
   }
-  // down_t of another type (a K-quant model's Q8_0 down_t) stays apart: refused here.
+  // down_t of another shape stays apart: refused here.
   const OwnedWeight gate = RandomWeight(GgmlType::kQ4_0, 8, 64, 1);
   const OwnedWeight up = RandomWeight(GgmlType::kQ4_0, 8, 64, 2);
-  const OwnedWeight down_t = RandomWeight(GgmlType::kQ8_0, 8, 64, 3);
-  const absl::StatusOr<InterleavedGateUp> r =
-      InterleaveGateUp(pool, gate.view, up.view, nullptr, &down_t.view);
-  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(std::string(r.status().message()).find("down_t (q8_0") != std::string::npos);
   const OwnedWeight short_down_t = RandomWeight(GgmlType::kQ4_0, 7, 64, 4);
-  CHECK(!InterleaveGateUp(pool, gate.view, up.view, nullptr, &short_down_t.view).ok());
+  const absl::StatusOr<InterleavedGateUp> r =
+      InterleaveGateUp(pool, gate.view, up.view, nullptr, &short_down_t.view);
+  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(r.status().message()).find("down_t (7x64)") != std::string::npos);
   const absl::StatusOr<InterleavedGateUp> two = InterleaveGateUp(pool, gate.view, up.view);
   REQUIRE(two.ok());
   CHECK(two->down_t.data == nullptr);
