@@ -49,9 +49,8 @@ class SparseWeights {
   struct Layer {
     std::vector<int32_t> neuron_of;  // (n_ff) slot → neuron
     // (n_ff, n_embd) each, rows in slot order, over the copies; down_t: down's columns as rows.
-    // A neuron's gate, up and down_t rows side by side where they share a type (gate_rows holds
-    // all three), else its gate and up rows (gate_rows holds both, down_t_rows down_t), or
-    // all three apart (gate-first layers: gate, its one stream, apart).
+    // A neuron's gate, up and down_t rows side by side (gate_rows holds all three), or, in
+    // gate-first layers (gate read whole, as one stream), the three apart.
     WeightView gate, up, down_t;
     OwnedWeight gate_rows, up_rows, down_t_rows;
     OwnedWeight fc2_t;              // (rank, n_ff) the predictor's fc2ᵀ, columns in slot order
