@@ -32,9 +32,9 @@ constexpr char kUsage[] =
     "  the active set a contiguous hot block.\n"
     "  read floor: the time of only reading the sparse path's rows (a word per cache line) over\n"
     "  the dense time: the ratio of a sparse path whose kernels cost nothing beyond the reads.\n"
-    "  --gate-up: the sparse path reads gate and up rows interleaved (one read per neuron, as\n"
-    "  the engine does) or as two matrices. --weights-mib: weight copies cycled so that no op\n"
-    "  finds its weights in cache.\n";
+    "  --gate-up: the sparse path reads a neuron's gate, up and down_t rows interleaved (one\n"
+    "  read per neuron, as the engine does) or as three matrices. --weights-mib: weight copies\n"
+    "  cycled so that no op finds its weights in cache.\n";
 
 absl::Status ParseList(const std::string& flag, const std::string& text,
                        std::vector<std::string>* out) {
