@@ -251,7 +251,9 @@ int RunBench(int argc, char** argv) {
         "       thermocline bench -m MODEL --json-schema FILE [--prompt TEXT] [--gen-tokens N]\n"
         "  greedy decode tokens/s with and without the JSON schema's grammar constraint\n"
         "       thermocline bench --ops [--embd 2048] [--ff 5632] [--types f32,...] [--threads N]\n"
-        "                               [--pattern random|mixed|both] [--json]\n"
+        "                               [--fractions 0.01,...,1] [--pattern random|mixed|both]\n"
+        "                               [--gate-up interleaved|separate] [--repetitions 21]\n"
+        "                               [--weights-mib 256] [--seed 1] [--json]\n"
         "  the sparse FFN operators against dense at 1-100% active (bench --ops --help: all of\n"
         "  its flags)");
     return 0;

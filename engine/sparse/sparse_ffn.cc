@@ -179,20 +179,17 @@ absl::StatusOr<std::shared_ptr<const SparseWeights>> SparseWeights::Build(
     if (p.method != SparseMethod::kGateFirst) {
       gu = InterleaveGateUp(pool, L.ffn_gate, L.ffn_up, order, &down_t->view);
     }
-    if (gu.ok()) {
+    if (gu.ok()) {  // all three in gate_rows; down_t's own copy is dropped here
       y.gate_rows = std::move(gu->storage);
       y.gate = gu->gate;
       y.up = gu->up;
+      y.down_t = gu->down_t;
     } else {
       y.gate_rows = GatherRows(pool, L.ffn_gate, order, h.n_ff);
       y.up_rows = GatherRows(pool, L.ffn_up, order, h.n_ff);
+      y.down_t_rows = *std::move(down_t);
       y.gate = y.gate_rows.view;
       y.up = y.up_rows.view;
-    }
-    if (gu.ok() && gu->down_t.data != nullptr) {
-      y.down_t = gu->down_t;
-    } else {
-      y.down_t_rows = *std::move(down_t);
       y.down_t = y.down_t_rows.view;
     }
     if (p.rank > 0) {
