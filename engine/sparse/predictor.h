@@ -37,7 +37,8 @@ void PredictHidden(ThreadPool& pool, const PredictorView& p, const float* xn, fl
                    PredictorHidden* hidden, MatMulScratch& scratch);
 
 // Step 2 for the slots [begin, end), on the calling thread: writes the predicted-active ones, in
-// ascending order, to active and returns how many. logits: (n_ff) scratch indexed by slot; the
+// ascending order, to active (room for end - begin: the entries past the count returned are
+// scratch) and returns how many. logits: (n_ff) scratch indexed by slot; the
 // call writes [begin, end) and, when begin is not on a block of fc2_t's type, the slots from the
 // block's start (which the caller's other slices must not be using: the device part's slots).
 int64_t PredictSlots(Isa isa, const PredictorView& p, const PredictorHidden& hidden, int64_t begin,
