@@ -188,6 +188,10 @@ absl::Status SynthesizeModel(const SynthOptions& o, const std::string& path, Thr
         absl::StrCat("synth: embd and ff must be multiples of ", block, " for ", TypeName(o.type)));
   }
   const int64_t head_dim = o.n_embd / o.n_head;
+  if (!(o.sparsity >= 0 && o.sparsity < 1)) {  // NaN would pass as 0: a dense model
+    return absl::InvalidArgumentError(
+        absl::StrCat("synth: sparsity ", o.sparsity, ": 0 (dense) or a value in [0.5, 0.999]"));
+  }
   const bool sparse = o.sparsity > 0;
   const bool moe = o.n_expert > 0;
   if (moe && (o.n_expert_used < 1 || o.n_expert_used > o.n_expert)) {

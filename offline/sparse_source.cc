@@ -140,6 +140,10 @@ double SidecarLevel(const Sidecar& sidecar, double target_sparsity, MethodChoice
 
 absl::StatusOr<SparsePlan> SparsePlanFromSidecar(const Sidecar& sidecar, const LlamaModel& model,
                                                  double target_sparsity, MethodChoice method) {
+  if (!(target_sparsity >= 0 && target_sparsity < 1)) {  // NaN too
+    return absl::InvalidArgumentError(
+        absl::StrCat("the target sparsity must be in [0, 1), got ", target_sparsity));
+  }
   if (absl::Status s = CheckSidecarMatches(sidecar, model); !s.ok()) return s;
   const LlamaHparams& h = model.hparams();
   const bool gated_by_magnitude = !GateDecides(h.activation) && !h.is_moe();
@@ -393,7 +397,7 @@ absl::StatusOr<ResolvedSparse> ResolveSparsePlan(const LlamaModel& model,
                                                  const SparseRequest& request) {
   ResolvedSparse out;
   if (request.mode == SparseMode::kOff) return out;
-  if (request.target_sparsity < 0 || request.target_sparsity >= 1) {
+  if (!(request.target_sparsity >= 0 && request.target_sparsity < 1)) {  // NaN too
     return absl::InvalidArgumentError("the target sparsity must be in [0, 1)");
   }
   auto with_oracle = [&](SparsePlan plan) {

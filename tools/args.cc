@@ -1,6 +1,7 @@
 #include "tools/args.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 #include "absl/status/status.h"
@@ -71,6 +72,10 @@ absl::StatusOr<double> Args::GetDouble(const std::string& flag, double fallback)
   double out;
   if (!absl::SimpleAtod(*v, &out)) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": '", *v, "' is not a number"));
+  }
+  // "nan" and "inf" parse, but no option means them, and NaN slips through range checks.
+  if (!std::isfinite(out)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": '", *v, "' is not a finite number"));
   }
   return out;
 }

@@ -139,7 +139,7 @@ int RunProfile(int argc, char** argv) {
       *target < 0 || *target >= 1 || *tokens <= 0 || *samples < 16 || *epochs < 1) {
     return Fail("profile",
                 absl::InvalidArgumentError(
-                    "--recall and --target-sparsity must be in (0, 1), "
+                    "--recall must be in (0, 1), --target-sparsity in [0, 1), "
                     "--contribution in (0, 1], --budget > 0, --tokens > 0, --samples >= 16, "
                     "--epochs >= 1"),
                 true);

@@ -56,7 +56,7 @@ absl::StatusOr<std::optional<SparsePlan>> SparsePlanFromArgs(const Args& args,
   if (!mode.ok()) return mode.status();
   auto target = args.GetDouble("--target-sparsity", 0.0);
   if (!target.ok()) return target.status();
-  if (*target < 0 || *target >= 1) {
+  if (!(*target >= 0 && *target < 1)) {
     return absl::InvalidArgumentError("--target-sparsity must be in [0, 1)");
   }
   offline::SparseRequest request;

@@ -82,6 +82,17 @@ TEST_CASE("command line errors are clear", "[cli]") {
           " --kv-type q8 --port 0 --grpc-port off");
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.out, Catch::Contains("models.kv_type"));
+  // "nan" parses as a double and passes every `x < lo || x > hi` check: refused where parsed.
+  for (const char* flag : {"--target-sparsity nan", "--temp inf", "--top-p -nan"}) {
+    r = Run("generate -m " + TestModelPath("stories260K.gguf") + " -p hi " + flag);
+    INFO(flag);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.out, Catch::Contains("is not a finite number"));
+  }
+  r = Run("profile -m " + TestModelPath("stories260K.gguf") + " --corpus " +
+          TestModelPath("tinystories-profile.txt") + " --recall nan -o /dev/null");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("--recall: 'nan' is not a finite number"));
 }
 
 TEST_CASE("inspect lists metadata and tensors", "[cli]") {

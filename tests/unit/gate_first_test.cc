@@ -159,6 +159,17 @@ TEST_CASE("auto: gate-first for SwiGLU, the predictors for ReLU", "[sparse]") {
                                                 offline::MethodChoice::kGateFirst);
   REQUIRE(absl::IsInvalidArgument(on_relu.status()));
   CHECK(on_relu.status().message().find("SwiGLU") != std::string::npos);
+  // A target outside [0, 1), NaN included (it passes `t < 0 || t >= 1`), for every method.
+  for (const double bad : {-0.1, 1.0, std::nan("")}) {
+    for (const auto method : {offline::MethodChoice::kGateFirst,
+                              offline::MethodChoice::kInputSparse, offline::MethodChoice::kAuto}) {
+      auto plan = offline::SparsePlanFromSidecar(ProfiledSidecar("stories260K.gguf"),
+                                                 CachedModel(swiglu), bad, method);
+      INFO(bad);
+      REQUIRE(absl::IsInvalidArgument(plan.status()));
+      CHECK(plan.status().message().find("must be in [0, 1)") != std::string::npos);
+    }
+  }
   offline::Sidecar old = ProfiledSidecar("stories260K.gguf");
   for (offline::SidecarLayer& y : old.layers) {
     y.gate_score_quantiles.clear();
