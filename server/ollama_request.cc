@@ -100,8 +100,10 @@ absl::Status Options(const json& body, GenerationSpec* spec, std::optional<int64
       return absl::OkStatus();
     };
     auto integer = [&](std::optional<int64_t>* out) -> absl::Status {
+      // A float must be whole and within int64 (converting one past it is undefined).
       if (!v.is_number_integer() &&
-          !(v.is_number_float() && v.get<double>() == std::floor(v.get<double>()))) {
+          !(v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) &&
+            std::abs(v.get<double>()) < 9e15)) {
         return WrongType(param, "an integer");
       }
       *out = v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>())

@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/numbers.h"
@@ -46,7 +47,8 @@ absl::Status GetInt(const json& body, const char* key, std::optional<int64_t>* o
   }
   if (v->is_number_float()) {
     const double d = v->get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d)) && std::abs(d) < 9e15) {
+    // Range first: converting a double past int64 is undefined.
+    if (std::abs(d) < 9e15 && d == static_cast<double>(static_cast<int64_t>(d))) {
       *out = static_cast<int64_t>(d);
       return absl::OkStatus();
     }

@@ -63,6 +63,7 @@ TEST_CASE("invalid requests get 400 invalid_request_error naming the field", "[s
       {"frequency_penalty", -3, "invalid_value", "frequency_penalty"},
       {"max_tokens", 0, "invalid_value", "max_tokens"},
       {"max_tokens", 1.5, "invalid_type", "max_tokens"},
+      {"max_tokens", 1e300, "invalid_type", "max_tokens"},  // whole, but past int64
       {"max_completion_tokens", -4, "invalid_value", "max_completion_tokens"},
       {"n", 2, "unsupported_value", "n"},
       {"stream", "yes", "invalid_type", "stream"},

@@ -216,6 +216,11 @@ TEST_CASE("Ollama errors: {\"error\"} with 404 and 400", "[server][ollama]") {
         std::string::npos);
   CHECK(error("/api/generate", with("options", {{"num_ctx", 100000}}), 400).find("num_ctx") !=
         std::string::npos);
+  // Whole floats past int64 are not integers (converting them would be undefined).
+  CHECK(error("/api/generate", with("options", {{"num_predict", 1e300}}), 400)
+            .find("'options.num_predict' must be an integer") != std::string::npos);
+  CHECK(error("/api/generate", with("options", {{"seed", -1e30}}), 400).find("seed") !=
+        std::string::npos);
   CHECK(error("/api/generate", with("options", {{"mirostat", 2}}), 400).find("mirostat") !=
         std::string::npos);
   CHECK(error("/api/generate", with("options", {{"no_such_option", 1}}), 400)
