@@ -23,8 +23,9 @@ constexpr int64_t kTransposeBand = 32;
 constexpr int64_t kGroupRows = ops_internal::kQ4GroupRows;
 
 // A kRows matrix re-laid in groups of kGroupRows rows, group_bytes each: allocated, zeroed (the
-// last group's padding rows stay zero), then fill(group, i, row) writes row i of each group
-// from the matrix's row, parallel over the groups.
+// last group's padding rows and any padding of a group stay zero), then fill(group, i, row)
+// writes row i of each group from the matrix's row, parallel over the groups. A huge allocation
+// is zero already and is not written twice.
 template <class Fill>
 OwnedWeight PackGroups(ThreadPool& pool, const WeightView& w, WeightLayout layout,
                        size_t group_bytes, const Fill& fill) {
@@ -34,10 +35,11 @@ OwnedWeight PackGroups(ThreadPool& pool, const WeightView& w, WeightLayout layou
   p.view.layout = layout;
   p.data.resize(group_bytes * n_groups);
   p.view.data = p.data.data();
+  const bool zero = FreshAllocationIsZero(p.data.size());
   pool.ParallelFor(n_groups, 16, [&](int, int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       uint8_t* group = p.data.data() + g * group_bytes;
-      std::memset(group, 0, group_bytes);
+      if (!zero) std::memset(group, 0, group_bytes);
       for (int64_t i = 0; i < kGroupRows && g * kGroupRows + i < w.rows; ++i) {
         fill(group, i, w.row(g * kGroupRows + i));
       }

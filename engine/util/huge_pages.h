@@ -46,6 +46,10 @@ struct HugePageAllocator {
 
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
+// Whether a fresh allocation of `bytes` through HugePageAllocator comes zeroed: the mappings of
+// huge allocations are new zero pages; smaller ones are malloc's, whatever they held.
+inline constexpr bool FreshAllocationIsZero(size_t bytes) { return bytes >= kHugePageBytes; }
+
 // Raw allocation behind HugePageAllocator; throws std::bad_alloc when out of memory. Free with
 // the bytes it was allocated with.
 void* AllocateHugePageBacked(size_t bytes);
