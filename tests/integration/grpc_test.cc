@@ -7,11 +7,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "daemon_fixture.h"
@@ -387,6 +390,24 @@ TEST_CASE("grpc: status codes", "[server][grpc]") {
     StreamResult r = Generate(*stub, req, "sekret");
     CHECK(r.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     CHECK(r.status.error_message().find("temperature") != std::string::npos);
+    // Protobuf doubles carry NaN and infinities, which JSON cannot: each refused by name.
+    using Options = pb::GenerationOptions;
+    const std::pair<const char*, void (Options::*)(double)> fields[] = {
+        {"temperature", &Options::set_temperature},
+        {"top_p", &Options::set_top_p},
+        {"min_p", &Options::set_min_p},
+        {"repeat_penalty", &Options::set_repeat_penalty},
+        {"presence_penalty", &Options::set_presence_penalty}};
+    for (const auto& [name, set] : fields) {
+      for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+        req = TextRequest("Hi", 2);
+        (req.mutable_options()->*set)(bad);
+        r = Generate(*stub, req, "sekret");
+        INFO(name << " = " << bad);
+        CHECK(r.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+        CHECK(r.status.error_message().find(name) != std::string::npos);
+      }
+    }
     req = TextRequest("Hi", 2);
     req.clear_text();
     r = Generate(*stub, req, "sekret");

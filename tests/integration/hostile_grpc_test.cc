@@ -4,6 +4,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -195,6 +196,15 @@ TEST_CASE("grpc: Tokenize is bounded; RegisterModel is confined", "[server][grpc
   const grpc::Status s = admin->RegisterModel(&rctx, rreq, &info);
   CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
   CHECK(s.error_message().find("allowed_paths") != std::string::npos);
+  // A NaN calibration target (a protobuf double can carry one) is refused, not recorded.
+  rreq.set_path(StoriesModel());
+  rreq.set_name("nan-target");
+  rreq.set_target_ppl_increase(std::nan(""));
+  grpc::ClientContext nctx;
+  Deadline(&nctx);
+  const grpc::Status n = admin->RegisterModel(&nctx, rreq, &info);
+  CHECK(n.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(n.error_message().find("target_ppl_increase") != std::string::npos);
 }
 
 }  // namespace
