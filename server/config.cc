@@ -305,7 +305,10 @@ absl::Status FinalizeConfig(ServerConfig* c) {
         range("registry.profile_tokens", c->profile_tokens, 16, int64_t{1} << 30)}) {
     if (!s.ok()) return s;
   }
-  if (!(c->request_timeout_s >= 0)) return KeyError("scheduler.request_timeout_s", "must be >= 0");
+  // Bounded: a deadline is converted to the clock's integer nanoseconds (TOML also writes inf).
+  if (!(c->request_timeout_s >= 0 && c->request_timeout_s <= 1e7)) {
+    return KeyError("scheduler.request_timeout_s", "must be in [0, 1e7] seconds (0: none)");
+  }
   if (c->context_overflow != "refuse" && c->context_overflow != "truncate") {
     return KeyError("sampling.context_overflow",
                     absl::StrCat("is '", c->context_overflow, "'; it must be refuse or truncate"));
@@ -318,7 +321,9 @@ absl::Status FinalizeConfig(ServerConfig* c) {
   if (!kLevels.count(c->log_level)) {
     return KeyError("log.level", "must be one of trace, debug, info, warn, error, critical, off");
   }
-  if (!(c->solve_time_limit_s > 0)) return KeyError("registry.solve_time_limit_s", "must be > 0");
+  if (!(c->solve_time_limit_s > 0 && c->solve_time_limit_s <= 86400)) {
+    return KeyError("registry.solve_time_limit_s", "must be in (0, 86400] seconds");
+  }
   if (!(c->target_ppl_increase >= 0 && c->target_ppl_increase < 10)) {
     return KeyError("registry.target_ppl_increase", "must be in [0, 10) (0.02 = +2%; 0: off)");
   }

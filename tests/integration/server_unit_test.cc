@@ -1,6 +1,9 @@
 // Unit tests of the daemon's pure parts: stop strings, chat templates, prompt encoding with
 // control tokens, request parsing and validation, config files.
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "daemon_fixture.h"
 #include "engine/model/llama_model.h"
@@ -303,6 +306,27 @@ target_sparsity = 0.4
     CHECK(!s.ok());
     const std::string key = std::string(line).substr(0, std::string(line).find(' '));
     CHECK(std::string(s.message()).find("models." + key) != std::string::npos);
+  }
+  // TOML writes nan and inf, which pass a check written as `x < lo || x > hi`, and a deadline
+  // of inf seconds has no clock value.
+  for (const auto& [table, line] :
+       std::vector<std::pair<std::string, std::string>>{{"models", "target_sparsity = nan"},
+                                                        {"scheduler", "request_timeout_s = inf"},
+                                                        {"scheduler", "request_timeout_s = nan"},
+                                                        {"registry", "solve_time_limit_s = inf"},
+                                                        {"registry", "target_ppl_increase = nan"},
+                                                        {"sampling", "temperature = nan"}}) {
+    const bool models = table == "models";
+    std::ofstream(path) << (models ? "" : "[" + table + "]\n" + line + "\n")
+                        << "[[models]]\npath = \"m\"\n"
+                        << (models ? line + "\n" : "");
+    ServerConfig m;
+    INFO(table << ": " << line);
+    REQUIRE(LoadConfigFile(path, &m).ok());
+    s = FinalizeConfig(&m);
+    CHECK(!s.ok());
+    const std::string key = line.substr(0, line.find(' '));
+    CHECK(std::string(s.message()).find(key) != std::string::npos);
   }
   // Every method's name is taken; a wrong one is told them all.
   for (const char* method : {"auto", "predicted", "gate-first", "input-sparse"}) {
