@@ -11,14 +11,17 @@ int RunQuantize(int argc, char** argv) {
   auto args = Args::Parse(argc, argv, {"--type", "--threads"}, {"--help"},
                           {{"-t", "--threads"}, {"-h", "--help"}});
   if (!args.ok()) return Fail("quantize", args.status(), true);
-  if (args->Has("--help") || args->positionals().size() != 2) {
+  // IN OUT [TYPE]: the type also as llama-quantize takes it, a third argument.
+  const size_t n_pos = args->positionals().size();
+  if (args->Has("--help") || n_pos < 2 || n_pos > 3 || (n_pos == 3 && args->Has("--type"))) {
     std::fprintf(args->Has("--help") ? stdout : stderr,
-                 "usage: thermocline quantize IN.gguf OUT.gguf --type TYPE\n"
-                 "  TYPE: %s\n  (llama-quantize's per-tensor mixes; docs/types.md)\n",
+                 "usage: thermocline quantize IN.gguf OUT.gguf --type TYPE  (or IN OUT TYPE)\n"
+                 "  TYPE: %s (any case; default q8_0)\n"
+                 "  (llama-quantize's per-tensor mixes; docs/types.md)\n",
                  QuantMixNames().c_str());
     return args->Has("--help") ? 0 : 2;
   }
-  const std::string type_name = args->GetOr("--type", "q8_0");
+  const std::string type_name = n_pos == 3 ? args->positionals()[2] : args->GetOr("--type", "q8_0");
   const QuantMix* mix = FindQuantMix(type_name);
   if (mix == nullptr) {
     return Fail("quantize",

@@ -40,7 +40,8 @@ int64_t LayerOf(const std::string& name) {
 
 const QuantMix* FindQuantMix(std::string_view name) {
   for (const QuantMix& m : kMixes) {
-    if (name == m.name) return &m;
+    // Any case: llama-quantize's users write Q4_K_M.
+    if (absl::EqualsIgnoreCase(absl::string_view(name.data(), name.size()), m.name)) return &m;
   }
   return nullptr;
 }

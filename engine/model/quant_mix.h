@@ -17,7 +17,8 @@ struct QuantMix {
   GgmlType base;       // the type of every 2-D weight the rules leave alone
 };
 
-// nullptr for a name that is not a mix Thermocline writes.
+// The mix of that name in any case ("q4_k_m", "Q4_K_M"); nullptr for a name that is not a mix
+// Thermocline writes.
 const QuantMix* FindQuantMix(std::string_view name);
 // The mix a file's general.file_type names; nullptr for one Thermocline does not write.
 const QuantMix* FindQuantMixByFileType(uint32_t file_type);

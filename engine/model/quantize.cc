@@ -3,6 +3,7 @@
 #include "engine/model/quantize.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -40,6 +41,12 @@ MixContext ContextOf(const GgufFile& in) {
 
 absl::StatusOr<QuantizeStats> QuantizeModel(const std::string& in_path, const std::string& out_path,
                                             const QuantMix& mix, ThreadPool& pool) {
+  // The output replaces its path when complete: over the input, the model it came from is gone.
+  std::error_code ec;
+  if (std::filesystem::equivalent(in_path, out_path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(out_path, " is the input file: write the ",
+                                                   mix.name, " model to another path"));
+  }
   auto file = GgufFile::Open(in_path);
   if (!file.ok()) return file.status();
   const GgufFile& in = **file;

@@ -21,7 +21,8 @@ struct QuantizeStats {
 
 // 2-D weights get the types of `mix` (quant_mix.h's TensorTypeFor), tensor by tensor, with the
 // quantizers llama-quantize runs without an importance matrix (the same bytes for the same
-// input); 1-D tensors stay as they are. general.file_type is the mix's.
+// input); 1-D tensors stay as they are. general.file_type is the mix's. InvalidArgument where
+// out_path names the input file (a link to it included).
 absl::StatusOr<QuantizeStats> QuantizeModel(const std::string& in_path, const std::string& out_path,
                                             const QuantMix& mix, ThreadPool& pool);
 

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "model_fixtures.h"
 
@@ -186,6 +188,22 @@ TEST_CASE("synth, quantize and bench work together", "[cli]") {
   CHECK(bench["prompt_tokens_per_s"].get<double>() > 0);
   CHECK(bench["memory_read_gbps"].get<double>() > 0);
   CHECK(bench["decode_runs"].size() == 2);
+  // llama-quantize's form, the type a third argument in capitals, gives the same file.
+  r = Run("quantize " + dir + "/synth.gguf " + dir + "/synth.q4b.gguf Q4_0");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  CHECK(bytes(dir + "/synth.q4b.gguf") == bytes(dir + "/synth.q4.gguf"));
+  // Over its own input it refuses, and the input is kept.
+  r = Run("quantize " + dir + "/synth.q4.gguf " + dir + "/synth.q4.gguf --type q8_0");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.out, Catch::Contains("is the input file"));
+  CHECK(bytes(dir + "/synth.q4.gguf") == bytes(dir + "/synth.q4b.gguf"));
+  r = Run("quantize " + dir + "/synth.gguf " + dir + "/x.gguf q4_0 --type q8_0");
+  CHECK(r.exit_code == 2);
   r = Run("synth --layers 2 --embd 100 --ff 352 --heads 3 --vocab 600 -o " + dir + "/bad.gguf");
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.out, Catch::Contains("multiple"));

@@ -139,10 +139,26 @@ TEST_CASE("quantize refuses mixes it cannot write and missing inputs", "[quantiz
   CHECK(FindQuantMix("q4_k") == nullptr);
   CHECK(FindQuantMix("iq2_xxs") == nullptr);
   CHECK(FindQuantMix("q4_k_m") != nullptr);
+  CHECK(FindQuantMix("Q4_K_M") == FindQuantMix("q4_k_m"));  // as llama-quantize's users write it
   ThreadPool pool(1);
   const std::string out = (testing::TempDir() / "never.gguf").string();
   auto r = QuantizeModel("/nonexistent/model.gguf", out, *FindQuantMix("f16"), pool);
   CHECK(!r.ok());
+  // Not over the input, named directly or through a link: it would replace the model it reads.
+  const std::filesystem::path copy = testing::TempDir() / "quantize-input.gguf";
+  const std::filesystem::path link = testing::TempDir() / "quantize-input-link.gguf";
+  std::filesystem::remove(copy);
+  std::filesystem::remove(link);
+  std::filesystem::copy_file(TestModelPath("stories260K.gguf"), copy);
+  std::filesystem::create_symlink(copy, link);
+  const auto size = std::filesystem::file_size(copy);
+  for (const std::filesystem::path& target : {copy, link}) {
+    auto over = QuantizeModel(copy.string(), target.string(), *FindQuantMix("q4_0"), pool);
+    INFO(target.string());
+    REQUIRE(absl::IsInvalidArgument(over.status()));
+    CHECK(over.status().message().find("is the input file") != std::string::npos);
+  }
+  CHECK(std::filesystem::file_size(copy) == size);
 }
 
 TEST_CASE("mix rules match llama-quantize's tensor types", "[quantize]") {
