@@ -51,6 +51,20 @@ inline std::filesystem::path TempDir() {
   return dir.path;
 }
 
+// A fresh scratch copy of a test model, `stem`.gguf in TempDir(), and a symbolic link to it,
+// `stem`-link.gguf: for checks that write where the input is, never on the shared file.
+struct ScratchCopy {
+  std::filesystem::path file, link;
+};
+inline ScratchCopy ScratchModelCopy(const std::string& model, const std::string& stem) {
+  ScratchCopy c{TempDir() / (stem + ".gguf"), TempDir() / (stem + "-link.gguf")};
+  std::filesystem::remove(c.file);
+  std::filesystem::remove(c.link);
+  std::filesystem::copy_file(TestModelPath(model), c.file);
+  std::filesystem::create_symlink(c.file, c.link);
+  return c;
+}
+
 // The binary under test; THERMOCLINE_TEST_BINARY runs the daemon tests against another build
 // (e.g. an older one, to see a regression test fail without its fix).
 inline std::string ThermoclineBinary() {

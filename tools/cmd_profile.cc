@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "offline/pipeline.h"
@@ -113,6 +114,13 @@ int RunProfile(int argc, char** argv) {
   }
   if (!args->Get("--output")) {
     return Fail("profile", absl::InvalidArgumentError("-o SIDECAR is required"), true);
+  }
+  for (const auto& [out, in] : {std::pair<const char*, const char*>{"--output", "--model"},
+                                {"--report", "--model"},
+                                {"--report", "--output"}}) {
+    if (absl::Status s = CheckNotOverwriting(*args, out, in); !s.ok()) {
+      return Fail("profile", s, true);
+    }
   }
   if (args->Has("--corpus") && args->Has("--self-generate")) {
     return Fail("profile", absl::InvalidArgumentError("give --corpus or --self-generate, not both"),

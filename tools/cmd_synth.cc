@@ -141,6 +141,9 @@ int RunSynth(int argc, char** argv) {
     if (!v.ok()) return Fail("synth", v.status(), true);
     *dst = *v;
   }
+  if (absl::Status s = CheckNotOverwriting(*args, "--sidecar", "--output"); !s.ok()) {
+    return Fail("synth", s, true);
+  }
   auto threads = ThreadsFromArgs(*args);
   if (!threads.ok()) return Fail("synth", threads.status(), true);
   ThreadPool pool(*threads);

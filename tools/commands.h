@@ -34,6 +34,10 @@ int Fail(const std::string& command, const absl::Status& status, bool usage = fa
 
 // Usage errors in --model (required) and --activation, before anything is loaded.
 absl::Status CheckModelArgs(const Args& args);
+// InvalidArgument when the file `out_flag` names is the one `in_flag` names (the same path, or
+// a link to it): writing it would replace the input. OK when either flag is absent.
+absl::Status CheckNotOverwriting(const Args& args, const std::string& out_flag,
+                                 const std::string& in_flag);
 // Loads --model with --activation.
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelFromArgs(const Args& args);
 // --threads, default: all hardware threads.

@@ -1,5 +1,8 @@
 // Pieces shared by the subcommands: error reporting and model loading from flags.
 #include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "engine/gpu/gpu_layers.h"
@@ -18,6 +21,23 @@ int Fail(const std::string& command, const absl::Status& status, bool usage) {
 absl::Status CheckModelArgs(const Args& args) {
   if (!args.Get("--model")) return absl::InvalidArgumentError("--model FILE is required");
   if (auto act = args.Get("--activation")) return ParseActivation(*act).status();
+  return absl::OkStatus();
+}
+
+absl::Status CheckNotOverwriting(const Args& args, const std::string& out_flag,
+                                 const std::string& in_flag) {
+  const std::optional<std::string> out = args.Get(out_flag), in = args.Get(in_flag);
+  if (!out || !in) return absl::OkStatus();
+  // The same file, or (neither there yet) the same path.
+  std::error_code ec, ec_in, ec_out;
+  const std::filesystem::path in_path = std::filesystem::weakly_canonical(*in, ec_in);
+  const std::filesystem::path out_path = std::filesystem::weakly_canonical(*out, ec_out);
+  const bool same =
+      std::filesystem::equivalent(*in, *out, ec) || (!ec_in && !ec_out && in_path == out_path);
+  if (same) {
+    return absl::InvalidArgumentError(absl::StrCat(out_flag, " ", *out, " is the file ", in_flag,
+                                                   " names: writing it would replace it"));
+  }
   return absl::OkStatus();
 }
 

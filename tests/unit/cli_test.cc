@@ -95,6 +95,29 @@ TEST_CASE("command line errors are clear", "[cli]") {
           TestModelPath("tinystories-profile.txt") + " --recall nan -o /dev/null");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Catch::Contains("--recall: 'nan' is not a finite number"));
+  // An output that is the input (a link to it included) would replace it: refused before any
+  // work, the file kept.
+  const auto [model, link] = testing::ScratchModelCopy("stories260K.gguf", "overwrite-me");
+  const auto size = std::filesystem::file_size(model);
+  for (const std::string out : {model.string(), link.string()}) {
+    r = Run("profile -m " + model.string() + " --corpus " +
+            TestModelPath("tinystories-profile.txt") + " --tokens 64 -o " + out);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.out, Catch::Contains("writing it would replace it"));
+  }
+  r =
+      Run("synth --layers 1 --embd 64 --ff 128 --heads 4 --vocab 300 --activation relu "
+          "--sparsity 0.9 -o " +
+          model.string() + " --sidecar " + link.string());
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("--sidecar"));
+  CHECK(std::filesystem::file_size(model) == size);
+  const std::string fresh = (testing::TempDir() / "not-yet.gguf").string();
+  r =
+      Run("synth --layers 1 --embd 64 --ff 128 --heads 4 --vocab 300 --activation relu "
+          "--sparsity 0.9 -o " +
+          fresh + " --sidecar " + fresh);
+  CHECK(r.exit_code == 2);
 }
 
 TEST_CASE("inspect lists metadata and tensors", "[cli]") {

@@ -145,12 +145,7 @@ TEST_CASE("quantize refuses mixes it cannot write and missing inputs", "[quantiz
   auto r = QuantizeModel("/nonexistent/model.gguf", out, *FindQuantMix("f16"), pool);
   CHECK(!r.ok());
   // Not over the input, named directly or through a link: it would replace the model it reads.
-  const std::filesystem::path copy = testing::TempDir() / "quantize-input.gguf";
-  const std::filesystem::path link = testing::TempDir() / "quantize-input-link.gguf";
-  std::filesystem::remove(copy);
-  std::filesystem::remove(link);
-  std::filesystem::copy_file(TestModelPath("stories260K.gguf"), copy);
-  std::filesystem::create_symlink(copy, link);
+  const auto [copy, link] = testing::ScratchModelCopy("stories260K.gguf", "quantize-input");
   const auto size = std::filesystem::file_size(copy);
   for (const std::filesystem::path& target : {copy, link}) {
     auto over = QuantizeModel(copy.string(), target.string(), *FindQuantMix("q4_0"), pool);
