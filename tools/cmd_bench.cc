@@ -175,6 +175,11 @@ int BenchSparse(const Engine& dense_engine, const Engine& sparse_engine, ThreadP
 // bench --hardware: the solver's hardware profile with this machine's CPU measured; the GPU
 // figures come from --gpu-profile (configs/hardware/*.toml) or the built-in defaults.
 int BenchHardware(const Args& args) {
+  for (const char* in : {"--model", "--sidecar"}) {
+    if (absl::Status s = CheckNotOverwriting(args, "--output", in); !s.ok()) {
+      return Fail("bench", s, true);
+    }
+  }
   auto threads = ThreadsFromArgs(args);
   if (!threads.ok()) return Fail("bench", threads.status(), true);
   offline::HardwareProfile hw;

@@ -50,6 +50,11 @@ int RunSolve(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
+  for (const char* in : {"--model", "--sidecar"}) {
+    if (absl::Status s = CheckNotOverwriting(*args, "--save-hardware", in); !s.ok()) {
+      return Fail("solve", s, true);
+    }
+  }
   auto sidecar_path = args->Get("--sidecar");
   if (!sidecar_path) {
     return Fail("solve", absl::InvalidArgumentError("--sidecar FILE is required"), true);

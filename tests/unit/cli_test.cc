@@ -112,6 +112,16 @@ TEST_CASE("command line errors are clear", "[cli]") {
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Catch::Contains("--sidecar"));
   CHECK(std::filesystem::file_size(model) == size);
+  r = Run("solve -m " + model.string() +
+          " --sidecar x.thermo.gguf --gpu-memory 1M "
+          "--save-hardware " +
+          link.string());
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("--save-hardware"));
+  r = Run("bench --hardware -m " + model.string() + " -o " + model.string());
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("--output"));
+  CHECK(std::filesystem::file_size(model) == size);
   const std::string fresh = (testing::TempDir() / "not-yet.gguf").string();
   r =
       Run("synth --layers 1 --embd 64 --ff 128 --heads 4 --vocab 300 --activation relu "
