@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const LlamaModel& model
   const LlamaHparams& h = model.hparams();
   const int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : h.n_ctx_train;
   if (n_ctx > (int64_t{1} << 22)) {
-    return absl::InvalidArgumentError(absl::StrCat("context length ", n_ctx, " is too large"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("context length ", n_ctx, " is too large (at most ", int64_t{1} << 22, ")"));
   }
   if (options.max_batch < 1 || options.max_batch > 4096) {
     return absl::InvalidArgumentError(

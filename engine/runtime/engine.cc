@@ -29,7 +29,8 @@ absl::StatusOr<std::shared_ptr<const Engine>> Engine::Create(const LlamaModel& m
                                                              ThreadPool& build_pool) {
   const LlamaHparams& h = model.hparams();
   if (options.n_ctx < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("context length ", options.n_ctx));
+    return absl::InvalidArgumentError(absl::StrCat("context length ", options.n_ctx,
+                                                   ": it must be positive (0: the model's own)"));
   }
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : h.n_ctx_train;
   if (n_ctx <= 0) n_ctx = 2048;  // a file that does not say

@@ -84,6 +84,9 @@ TEST_CASE("command line errors are clear", "[cli]") {
           " --kv-type q8 --port 0 --grpc-port off");
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.out, Catch::Contains("models.kv_type"));
+  r = Run("generate -m " + TestModelPath("stories260K.gguf") + " -p hi -c -1");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("context length -1: it must be positive"));
   // "nan" parses as a double and passes every `x < lo || x > hi` check: refused where parsed.
   for (const char* flag : {"--target-sparsity nan", "--temp inf", "--top-p -nan"}) {
     r = Run("generate -m " + TestModelPath("stories260K.gguf") + " -p hi " + flag);
